@@ -1,0 +1,3 @@
+"""mlx-watchdog: a liveness watchdog for local LLM inference servers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,200 @@
+"""Command line: parse, call the core, print. The core never imports click or rich."""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .check import CheckResult, LeftProbes, check_once, with_wedge_after
+from .config import (
+    Config,
+    ConfigError,
+    ServerConfig,
+    effective,
+    load_config,
+    parse_duration,
+    parse_url,
+    resolve_config_path,
+    to_toml,
+    write_template,
+)
+from .verdict import UNKNOWN_EXIT
+
+STATE_STYLE = {
+    "healthy": "bold green", "slow": "bold yellow", "busy": "bold yellow",
+    "starting": "bold cyan", "wedged": "bold red", "dead": "bold red", "down": "bold red",
+}
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="Config file (default: $MLX_WATCHDOG_CONFIG or ~/.config/mlx-watchdog/config.toml).",
+)
+
+
+def _load(config_path: Path | None) -> Config:
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        err.print(f"[red]config error:[/red] {exc}", markup=True, soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    for warning in config.warnings:
+        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    return config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mlx-watchdog")
+def cli() -> None:
+    """Liveness watchdog for local LLM servers: tells a wedged mlx_lm.server from a busy one."""
+
+
+@cli.command()
+@config_option
+@click.option("--url", help="Probe this server URL instead of the configured ones.")
+@click.option("--server", "server_name", help="Probe only the configured server of this name.")
+@click.option("--wedge-after", help='Judge a zero-token wait this long (e.g. "20s").')
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per server.")
+def probe(
+    config_path: Path | None,
+    url: str | None,
+    server_name: str | None,
+    wedge_after: str | None,
+    as_json: bool,
+) -> None:
+    """Send one tiny generation request and judge the server from what it and its process do.
+
+    Exit code: 0 healthy, 1 slow/busy/starting, 2 wedged/dead/down, 3 unknown.
+    """
+    if url and server_name:
+        raise click.UsageError("give --url or --server, not both")
+    config = _load(config_path)
+    try:
+        servers = _pick(config, url, server_name)
+        if wedge_after is not None:
+            seconds = parse_duration(wedge_after, "--wedge-after")
+            servers = [replace(s, probe=with_wedge_after(s.probe, seconds)) for s in servers]
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    if not as_json:
+        for s in servers:
+            err.print(f"probing {s.name} at {s.url} (judging a zero-token wait after "
+                      f"{s.probe.wedge_after:g}s)...", style="dim")
+    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        left = LeftProbes(config.watchdog.state_dir / "left-probes.json")
+        results = list(pool.map(lambda s: check_once(s, left=left), servers))
+    if as_json:
+        docs = [_result_json(r) for r in results]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        for r in results:
+            _print_result(r)
+    sys.exit(max(r.verdict.exit_code for r in results))
+
+
+def _pick(config: Config, url: str | None, name: str | None) -> list[ServerConfig]:
+    if url:
+        clean = parse_url(url, "--url")
+        port = urlsplit(clean).port or 80
+        base = config.servers[0] if len(config.servers) == 1 else None
+        probe_settings = base.probe if base else ServerConfig("x", clean).probe
+        return [ServerConfig(name=f"mlx-{port}", url=clean, probe=probe_settings)]
+    if name:
+        return [config.server(name)]
+    return list(config.servers)
+
+
+def _result_json(r: CheckResult) -> dict[str, Any]:
+    return {
+        "server": r.server.name,
+        "url": r.server.url,
+        "state": r.verdict.state,
+        "reason": r.verdict.reason,
+        "exit_code": r.verdict.exit_code,
+        "evidence": r.verdict.evidence,
+    }
+
+
+def _print_result(r: CheckResult) -> None:
+    v = r.verdict
+    out.print(f"[bold]{r.server.name}[/bold] {r.server.url}  "
+              f"[{STATE_STYLE[v.state]}]{v.state.upper()}[/]")
+    out.print(v.reason, soft_wrap=True)
+    e = v.evidence
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="dim")
+    table.add_column()
+    phases = e.get("phases", {})
+    for label, key in (("connect", "connect_s"), ("headers", "headers_s"),
+                       ("first data", "first_data_s"), ("first token", "first_token_s"),
+                       ("done", "done_s")):
+        table.add_row(label, _secs(phases.get(key)))
+    table.add_row("waited", _secs(e.get("waited_s")))
+    table.add_row("bytes / tokens", f"{e['bytes']} / {e['tokens']} ({e['keepalives']} keepalives)")
+    if e.get("cached_tokens") is not None:
+        table.add_row("prompt cache", f"{e['cached_tokens']} of {e['prompt_tokens']} tokens cached")
+    table.add_row("probe", f"{e['probe_finding']} {e.get('probe_detail') or ''}".strip())
+    table.add_row("/v1/models", f"{e.get('models_status') or '-'} {e.get('models_finding') or ''}")
+    if e.get("pid") is not None:
+        cpu = "-" if e.get("cpu_percent") is None else f"{e['cpu_percent']:.0f}%"
+        rss = "-" if e.get("rss_bytes") is None else f"{e['rss_bytes'] / 2**20:.0f} MiB"
+        table.add_row("process", f"PID {e['pid']}, CPU {cpu}, RSS {rss}")
+        table.add_row("connections", f"{e['live_connections']} live, "
+                      f"{e['abandoned_connections']} abandoned")
+    if e.get("process_error"):
+        table.add_row("process", e["process_error"])
+    out.print(table)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+@cli.group()
+def config() -> None:
+    """Check or create the configuration file."""
+
+
+@config.command("check")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the effective config as JSON.")
+def config_check(config_path: Path | None, as_json: bool) -> None:
+    """Validate the config and print the effective settings, secrets masked."""
+    cfg = _load(config_path)
+    data = effective(cfg)
+    if as_json:
+        click.echo(json.dumps({"source": str(cfg.source) if cfg.source else None, **data}, indent=2))
+        return
+    source = str(cfg.source) if cfg.source else "no config file: the embedded default"
+    err.print(f"config ok ({source})", style="green")
+    click.echo(to_toml(data), nl=False)
+
+
+@config.command("init")
+@config_option
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def config_init(config_path: Path | None, force: bool) -> None:
+    """Write a commented config template (default: ~/.config/mlx-watchdog/config.toml)."""
+    path, _ = resolve_config_path(config_path)
+    try:
+        written = write_template(path, force=force)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {written}")
+
+
+def main() -> None:
+    cli(prog_name="mlx-watchdog")
