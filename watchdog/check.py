@@ -55,7 +55,7 @@ class LeftProbes:
         if self.path is None:
             return
         with self._lock:
-            self._write(self._entries() + [(address[0], address[1], self.clock() + keep_for)])
+            self._write([*self._entries(), (address[0], address[1], self.clock() + keep_for)])
 
     def _write(self, entries: list[tuple[str, int, float]]) -> None:
         assert self.path is not None

@@ -31,15 +31,22 @@ from .config import (
 from .verdict import UNKNOWN_EXIT
 
 STATE_STYLE = {
-    "healthy": "bold green", "slow": "bold yellow", "busy": "bold yellow",
-    "starting": "bold cyan", "wedged": "bold red", "dead": "bold red", "down": "bold red",
+    "healthy": "bold green",
+    "slow": "bold yellow",
+    "busy": "bold yellow",
+    "starting": "bold cyan",
+    "wedged": "bold red",
+    "dead": "bold red",
+    "down": "bold red",
 }
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
     help="Config file (default: $MLX_WATCHDOG_CONFIG or ~/.config/mlx-watchdog/config.toml).",
 )
 
@@ -91,8 +98,11 @@ def probe(
         sys.exit(UNKNOWN_EXIT)
     if not as_json:
         for s in servers:
-            err.print(f"probing {s.name} at {s.url} (judging a zero-token wait after "
-                      f"{s.probe.wedge_after:g}s)...", style="dim")
+            err.print(
+                f"probing {s.name} at {s.url} (judging a zero-token wait after "
+                f"{s.probe.wedge_after:g}s)...",
+                style="dim",
+            )
     with ThreadPoolExecutor(max_workers=len(servers)) as pool:
         left = LeftProbes(config.watchdog.state_dir / "left-probes.json")
         results = list(pool.map(lambda s: check_once(s, left=left), servers))
@@ -130,17 +140,22 @@ def _result_json(r: CheckResult) -> dict[str, Any]:
 
 def _print_result(r: CheckResult) -> None:
     v = r.verdict
-    out.print(f"[bold]{r.server.name}[/bold] {r.server.url}  "
-              f"[{STATE_STYLE[v.state]}]{v.state.upper()}[/]")
+    out.print(
+        f"[bold]{r.server.name}[/bold] {r.server.url}  [{STATE_STYLE[v.state]}]{v.state.upper()}[/]"
+    )
     out.print(v.reason, soft_wrap=True)
     e = v.evidence
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="dim")
     table.add_column()
     phases = e.get("phases", {})
-    for label, key in (("connect", "connect_s"), ("headers", "headers_s"),
-                       ("first data", "first_data_s"), ("first token", "first_token_s"),
-                       ("done", "done_s")):
+    for label, key in (
+        ("connect", "connect_s"),
+        ("headers", "headers_s"),
+        ("first data", "first_data_s"),
+        ("first token", "first_token_s"),
+        ("done", "done_s"),
+    ):
         table.add_row(label, _secs(phases.get(key)))
     table.add_row("waited", _secs(e.get("waited_s")))
     table.add_row("bytes / tokens", f"{e['bytes']} / {e['tokens']} ({e['keepalives']} keepalives)")
@@ -152,8 +167,9 @@ def _print_result(r: CheckResult) -> None:
         cpu = "-" if e.get("cpu_percent") is None else f"{e['cpu_percent']:.0f}%"
         rss = "-" if e.get("rss_bytes") is None else f"{e['rss_bytes'] / 2**20:.0f} MiB"
         table.add_row("process", f"PID {e['pid']}, CPU {cpu}, RSS {rss}")
-        table.add_row("connections", f"{e['live_connections']} live, "
-                      f"{e['abandoned_connections']} abandoned")
+        table.add_row(
+            "connections", f"{e['live_connections']} live, {e['abandoned_connections']} abandoned"
+        )
     if e.get("process_error"):
         table.add_row("process", e["process_error"])
     out.print(table)
@@ -176,7 +192,9 @@ def config_check(config_path: Path | None, as_json: bool) -> None:
     cfg = _load(config_path)
     data = effective(cfg)
     if as_json:
-        click.echo(json.dumps({"source": str(cfg.source) if cfg.source else None, **data}, indent=2))
+        click.echo(
+            json.dumps({"source": str(cfg.source) if cfg.source else None, **data}, indent=2)
+        )
         return
     source = str(cfg.source) if cfg.source else "no config file: the embedded default"
     err.print(f"config ok ({source})", style="green")

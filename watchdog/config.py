@@ -7,6 +7,7 @@ what is expected. All errors of a file are reported together, so one run fixes t
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import re
@@ -124,7 +125,9 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "mlx-watchdog" / "config.toml"
 
 
-def resolve_config_path(path: Path | None, env: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+def resolve_config_path(
+    path: Path | None, env: Mapping[str, str] | None = None
+) -> tuple[Path, bool]:
     """The file to read, and whether the user named it (then it must exist)."""
     env = os.environ if env is None else env
     if path is not None:
@@ -152,7 +155,7 @@ def parse_duration(value: object, where: str) -> float:
         raise ValueError(f'{where} = {_show(value)} has no unit; write "{text}s"')
     if not text or not re.fullmatch(rf"(?:{_DURATION_RE.pattern})+", text):
         raise ValueError(
-            f'{where} = {_show(value)} is not a duration; use a number with ms, s, m, h or d, '
+            f"{where} = {_show(value)} is not a duration; use a number with ms, s, m, h or d, "
             f'like "500ms", "30s", "15m" or "1h"'
         )
     seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION_RE.findall(text))
@@ -180,7 +183,9 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     source, explicit = resolve_config_path(path, env)
     if not source.exists():
         if explicit:
-            raise ConfigError(f"config file {source} does not exist; `mlx-watchdog config init` writes one")
+            raise ConfigError(
+                f"config file {source} does not exist; `mlx-watchdog config init` writes one"
+            )
         return parse_config({}, source=None)
     try:
         data = tomllib.loads(source.read_text())
@@ -203,7 +208,7 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
         raw_servers = []
     if not raw_servers:
         raw_servers = [{"url": DEFAULT_URL}]
-    servers = [_server(raw, i, len(raw_servers), errors, warnings) for i, raw in enumerate(raw_servers)]
+    servers = [_server(raw, i, errors, warnings) for i, raw in enumerate(raw_servers)]
 
     seen: set[str] = set()
     for server in servers:
@@ -226,15 +231,39 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
 
 _WATCHDOG_KEYS = {"interval", "listen", "state_dir", "alerts", "on_event"}
 _SERVER_KEYS = {
-    "name", "url", "api_key_file", "model", "manager", "label", "unit", "command",
-    "restart_command", "match", "env", "log_file", "probe", "restart",
+    "name",
+    "url",
+    "api_key_file",
+    "model",
+    "manager",
+    "label",
+    "unit",
+    "command",
+    "restart_command",
+    "match",
+    "env",
+    "log_file",
+    "probe",
+    "restart",
 }
 _PROBE_KEYS = {
-    "prompt", "max_tokens", "slow_after", "wedge_after", "max_busy", "startup_grace",
-    "hard_timeout", "models_timeout", "idle_cpu_percent",
+    "prompt",
+    "max_tokens",
+    "slow_after",
+    "wedge_after",
+    "max_busy",
+    "startup_grace",
+    "hard_timeout",
+    "models_timeout",
+    "idle_cpu_percent",
 }
 _RESTART_KEYS = {
-    "max_restarts", "window", "backoff", "drain", "drain_timeout", "drain_command",
+    "max_restarts",
+    "window",
+    "backoff",
+    "drain",
+    "drain_timeout",
+    "drain_command",
     "undrain_command",
 }
 
@@ -252,7 +281,7 @@ def _watchdog(raw: Mapping[str, Any], errors: list[str]) -> WatchdogSettings:
 
 
 def _server(
-    raw: Mapping[str, Any], index: int, count: int, errors: list[str], warnings: list[str]
+    raw: Mapping[str, Any], index: int, errors: list[str], warnings: list[str]
 ) -> ServerConfig | None:
     name_value = raw.get("name")
     label = f'server "{name_value}"' if isinstance(name_value, str) else f"server #{index + 1}"
@@ -263,11 +292,7 @@ def _server(
         errors.append(f'{label}: url is required, like url = "{DEFAULT_URL}"')
         return None
     url = c.get(raw, "url", parse_url, DEFAULT_URL)
-    default_name = f"mlx-{urlsplit(url).port or 80}" if count == 1 or "name" not in raw else ""
-    name = c.get(raw, "name", _parse_name, default_name)
-    if not name:
-        errors.append(f"{label}: name is required when more than one server is configured")
-        return None
+    name = c.get(raw, "name", _parse_name, f"mlx-{urlsplit(url).port or 80}")
     api_key_file = c.get(raw, "api_key_file", _parse_path, None)
     manager = c.get(raw, "manager", _parse_manager, "none")
     server = ServerConfig(
@@ -283,12 +308,19 @@ def _server(
         match=c.get(raw, "match", _parse_str, "mlx_lm"),
         env=c.get(raw, "env", _parse_env, {}),
         log_file=c.get(raw, "log_file", _parse_path, None),
-        probe=_probe(_table(raw.get("probe", {}), f"{label}: [server.probe]", errors), label, errors),
+        probe=_probe(
+            _table(raw.get("probe", {}), f"{label}: [server.probe]", errors), label, errors
+        ),
         restart=_restart(
             _table(raw.get("restart", {}), f"{label}: [server.restart]", errors), label, errors
         ),
     )
-    needs = {"launchd": "label", "systemd": "unit", "process": "command", "command": "restart_command"}
+    needs = {
+        "launchd": "label",
+        "systemd": "unit",
+        "process": "command",
+        "command": "restart_command",
+    }
     if manager in needs and not getattr(server, needs[manager]):
         errors.append(f'{label}: manager = "{manager}" needs {needs[manager]} to be set')
     if api_key_file is not None:
@@ -309,17 +341,23 @@ def _probe(raw: Mapping[str, Any], label: str, errors: list[str]) -> ProbeSettin
         startup_grace=c.get(raw, "startup_grace", parse_duration, d.startup_grace),
         hard_timeout=c.get(raw, "hard_timeout", parse_duration, d.hard_timeout),
         models_timeout=c.get(raw, "models_timeout", parse_duration, d.models_timeout),
-        idle_cpu_percent=c.get(raw, "idle_cpu_percent", _float_range(0.0, 100.0), d.idle_cpu_percent),
+        idle_cpu_percent=c.get(
+            raw, "idle_cpu_percent", _float_range(0.0, 100.0), d.idle_cpu_percent
+        ),
     )
     if c.ok:
-        order = [("slow_after", p.slow_after), ("wedge_after", p.wedge_after),
-                 ("max_busy", p.max_busy), ("hard_timeout", p.hard_timeout)]
-        for (a, va), (b, vb) in zip(order, order[1:], strict=False):
+        order = [
+            ("slow_after", p.slow_after),
+            ("wedge_after", p.wedge_after),
+            ("max_busy", p.max_busy),
+            ("hard_timeout", p.hard_timeout),
+        ]
+        for (a, va), (b, vb) in itertools.pairwise(order):
             if va > vb or (b == "hard_timeout" and va == vb):
                 errors.append(
-                    f"{label}: probe.{a} = \"{format_duration(va)}\" must be "
+                    f'{label}: probe.{a} = "{format_duration(va)}" must be '
                     f"{'shorter than' if b == 'hard_timeout' else 'at most'} "
-                    f"probe.{b} = \"{format_duration(vb)}\""
+                    f'probe.{b} = "{format_duration(vb)}"'
                 )
     return p
 
@@ -389,7 +427,11 @@ def _unknown(raw: Mapping[str, Any], known: set[str], where: str, errors: list[s
     for key in raw:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-            hint = f'; did you mean "{close[0]}"?' if close else f"; known keys: {', '.join(sorted(known))}"
+            hint = (
+                f'; did you mean "{close[0]}"?'
+                if close
+                else f"; known keys: {', '.join(sorted(known))}"
+            )
             prefix = f"{where}: " if where else ""
             errors.append(f'{prefix}unknown key "{key}"{hint}')
 
@@ -424,7 +466,9 @@ def _parse_bool(value: object, where: str) -> bool:
 def _int_range(low: int, high: int) -> Any:
     def convert(value: object, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{where} = {_show(value)} must be a whole number from {low} to {high}")
+            raise ValueError(
+                f"{where} = {_show(value)} must be a whole number from {low} to {high}"
+            )
         return value
 
     return convert
@@ -432,7 +476,11 @@ def _int_range(low: int, high: int) -> Any:
 
 def _float_range(low: float, high: float) -> Any:
     def convert(value: object, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
             raise ValueError(f"{where} = {_show(value)} must be a number from {low:g} to {high:g}")
         return float(value)
 
@@ -489,7 +537,7 @@ def _parse_argv(value: object, where: str) -> tuple[str, ...]:
 
 def _parse_env(value: object, where: str) -> dict[str, str]:
     if not isinstance(value, dict):
-        raise ValueError(f"{where} = {_show(value)} must be a table of NAME = \"value\"")
+        raise ValueError(f'{where} = {_show(value)} must be a table of NAME = "value"')
     for k, v in value.items():
         if not isinstance(v, str):
             raise ValueError(f"{where}.{k} = {_show(v)} must be a string")
@@ -499,7 +547,7 @@ def _parse_env(value: object, where: str) -> dict[str, str]:
 def _parse_manager(value: object, where: str) -> Manager:
     if value not in MANAGERS:
         raise ValueError(f"{where} = {_show(value)} must be one of: {', '.join(MANAGERS)}")
-    return cast(Manager, value)
+    return value
 
 
 # -- showing and writing -------------------------------------------------------------------
@@ -546,8 +594,15 @@ def effective(config: Config) -> dict[str, Any]:
 
 
 _DURATION_FIELDS = {
-    "slow_after", "wedge_after", "max_busy", "startup_grace", "hard_timeout", "models_timeout",
-    "window", "backoff", "drain_timeout",
+    "slow_after",
+    "wedge_after",
+    "max_busy",
+    "startup_grace",
+    "hard_timeout",
+    "models_timeout",
+    "window",
+    "backoff",
+    "drain_timeout",
 }
 
 
@@ -600,7 +655,7 @@ def to_toml(data: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-TEMPLATE = '''\
+TEMPLATE = """\
 # mlx-watchdog configuration. Every key but a server's url has a default; the commented
 # values are those defaults. Durations need a unit: "500ms", "30s", "15m", "1h".
 
@@ -644,7 +699,7 @@ url = "http://127.0.0.1:8080"
 # drain_timeout = "2m"
 # drain_command = ["/usr/local/bin/lb", "drain", "mlx"]
 # undrain_command = ["/usr/local/bin/lb", "undrain", "mlx"]
-'''
+"""
 
 
 def write_template(path: Path, *, force: bool = False) -> Path:

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -58,10 +59,9 @@ class ProcessTable:
     def listener(self, port: int) -> int | None:
         """PID of the process listening on `port`, among those this user may inspect."""
         try:
-            for conn in psutil.net_connections("tcp"):
-                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-                    if conn.pid is not None:
-                        return int(conn.pid)
+            for sconn in psutil.net_connections("tcp"):
+                if _listens(sconn, port) and sconn.pid is not None:
+                    return int(sconn.pid)
         except psutil.AccessDenied:
             pass  # macOS allows the system-wide list to root only: look process by process
         uid = os.getuid()
@@ -69,15 +69,18 @@ class ProcessTable:
             try:
                 if proc.info["uids"] is None or proc.info["uids"].real != uid:
                     continue
-                for conn in proc.net_connections("tcp"):
-                    if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
-                        return int(proc.pid)
+                if any(_listens(c, port) for c in proc.net_connections("tcp")):
+                    return int(proc.pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return None
 
     def process(self, pid: int) -> psutil.Process:
         return psutil.Process(pid)
+
+
+def _listens(conn: Any, port: int) -> bool:
+    return bool(conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port)
 
 
 def is_local_host(host: str) -> bool:
@@ -140,7 +143,9 @@ class Inspector:
         if pid is None:
             self._proc = None
             self._clients.clear()
-            return ProcessEvidence(pid=None, error=f"no process of this user listens on port {port}")
+            return ProcessEvidence(
+                pid=None, error=f"no process of this user listens on port {port}"
+            )
         try:
             proc = self._process(pid)
             with proc.oneshot():
@@ -171,8 +176,11 @@ class Inspector:
                 continue
             before = self._clients.get(addr)
             first_seen = before.first_seen if before else now
-            since = (before.abandoned_since if before and before.abandoned_since else now) \
-                if status == "abandoned" else None
+            since = (
+                (before.abandoned_since if before and before.abandoned_since else now)
+                if status == "abandoned"
+                else None
+            )
             seen[addr] = Client(addr, status, first_seen, since)
         self._clients = seen
         clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))

@@ -7,6 +7,7 @@ open up to `hard_timeout`, because a probe that disconnects is one more abandone
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -158,10 +159,8 @@ class Probe:
         self._aborted = True
         sock = self._sock
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     # -- the work --------------------------------------------------------------------------
 
@@ -172,7 +171,9 @@ class Probe:
     def _finish(self, finding: str, detail: str = "") -> None:
         with self._lock:
             if self._snap.finding is None:
-                self._snap = replace(self._snap, finding=finding, detail=detail, done_at=self._clock())
+                self._snap = replace(
+                    self._snap, finding=finding, detail=detail, done_at=self._clock()
+                )
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         if event == "connection.connect_tcp.complete":
@@ -180,10 +181,8 @@ class Probe:
             sock = stream.get_extra_info("socket") if stream is not None else None
             if sock is not None:
                 self._sock = sock
-                try:
+                with contextlib.suppress(OSError):
                     self.local_address = sock.getsockname()[:2]
-                except OSError:
-                    pass
             self._set(connected_at=self._clock())
         elif event == "http11.receive_response_headers.complete":
             self._set(headers_at=self._clock())
@@ -283,18 +282,23 @@ class Probe:
         if "error" in data:
             return "http_error", f"200 with error: {_excerpt(json.dumps(data['error']).encode())}"
         now = self._clock()
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+        usage = _dict(data.get("usage"))
+        choices = _list(data.get("choices"))
         text = ""
         finish = None
         for ch in choices:
             if isinstance(ch, dict):
-                msg = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+                msg = _dict(ch.get("message"))
                 text += str(msg.get("content") or "") + str(msg.get("reasoning_content") or "")
                 finish = ch.get("finish_reason") or finish
         tokens = _int(usage.get("completion_tokens")) or (1 if text else 0)
-        self._set(tokens=tokens, finish_reason=finish, first_data_at=now,
-                  first_token_at=now if tokens else None, **_usage(usage))
+        self._set(
+            tokens=tokens,
+            finish_reason=finish,
+            first_data_at=now,
+            first_token_at=now if tokens else None,
+            **_usage(usage),
+        )
         if finish == "error":
             return "finish_error", "non-streaming answer"
         return (OK, "non-streaming answer") if tokens else ("zero_tokens", "non-streaming answer")
@@ -332,8 +336,10 @@ class Probe:
         if line.startswith(b":"):
             text = line[1:].strip().decode(errors="replace")
             if text.startswith("keepalive"):
-                self._set(keepalives=self.snapshot().keepalives + 1,
-                          keepalive_progress=text.removeprefix("keepalive").strip() or None)
+                self._set(
+                    keepalives=self.snapshot().keepalives + 1,
+                    keepalive_progress=text.removeprefix("keepalive").strip() or None,
+                )
             return None
         if not line.startswith(b"data:"):
             return None  # "event:", "id:", "retry:" carry nothing we need
@@ -361,13 +367,17 @@ class Probe:
         snap = self.snapshot()
         tokens = snap.tokens
         finish = snap.finish_reason
-        for ch in event.get("choices") or []:
+        for ch in _list(event.get("choices")):
             if not isinstance(ch, dict):
                 continue
-            delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+            delta = _dict(ch.get("delta"))
             # Count tokens, not text: a reasoning model's first token can be empty content.
-            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") \
-                    or delta.get("tool_calls"):
+            if (
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+                or delta.get("tool_calls")
+            ):
                 tokens += 1
             finish = ch.get("finish_reason") or finish
         usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
@@ -424,7 +434,9 @@ def check_models(
 ) -> ModelsCheck:
     start = clock()
 
-    def done(status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()) -> ModelsCheck:
+    def done(
+        status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()
+    ) -> ModelsCheck:
         return ModelsCheck(status, finding == "ok", finding, detail, ids, clock() - start)
 
     try:
@@ -432,14 +444,16 @@ def check_models(
     except OSError as exc:
         return done(None, "error", f"cannot read api_key_file: {exc.strerror}")
     try:
-        with httpx.Client(timeout=server.probe.models_timeout, transport=transport) as client:
-            with client.stream("GET", server.url + "/v1/models", headers=headers) as response:
-                body = b""
-                for chunk in response.iter_raw():
-                    body += chunk
-                    if len(body) > MAX_BODY:
-                        return done(response.status_code, "http_error", "body over 1 MiB")
-                status = response.status_code
+        with (
+            httpx.Client(timeout=server.probe.models_timeout, transport=transport) as client,
+            client.stream("GET", server.url + "/v1/models", headers=headers) as response,
+        ):
+            body = b""
+            for chunk in response.iter_raw():
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return done(response.status_code, "http_error", "body over 1 MiB")
+            status = response.status_code
     except httpx.ConnectError as exc:
         refused = "refused" in str(exc).lower() or "errno 111" in str(exc).lower()
         return done(None, "refused" if refused else "error", str(exc))
@@ -450,7 +464,11 @@ def check_models(
     if status != 200:
         return done(status, "http_error", f"HTTP {status}: {_excerpt(body)}")
     if not body.strip():
-        return done(status, "empty_body", "200 with an empty body (a missing Hugging Face cache folder does this)")
+        return done(
+            status,
+            "empty_body",
+            "200 with an empty body (a missing Hugging Face cache folder does this)",
+        )
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -460,7 +478,9 @@ def check_models(
         return done(status, "invalid_json", 'no "data" list')
     ids = tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
     if server.model and server.model not in ids:
-        return done(status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids)
+        return done(
+            status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids
+        )
     return done(status, "ok", f"{len(ids)} models listed", ids)
 
 
@@ -471,6 +491,14 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else None,
         "cached_tokens": _int(cached) if cached is not None else None,
     }
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _int(value: object) -> int:

@@ -14,7 +14,13 @@ STATES: tuple[State, ...] = ("starting", "healthy", "slow", "busy", "wedged", "d
 
 # The monitoring-plugin convention: 0 ok, 1 warning, 2 critical, 3 unknown.
 EXIT_CODES: dict[State, int] = {
-    "healthy": 0, "slow": 1, "busy": 1, "starting": 1, "wedged": 2, "dead": 2, "down": 2,
+    "healthy": 0,
+    "slow": 1,
+    "busy": 1,
+    "starting": 1,
+    "wedged": 2,
+    "dead": 2,
+    "down": 2,
 }
 UNKNOWN_EXIT = 3
 
@@ -75,17 +81,27 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
     if probe.finding not in (None, "no_response"):
         return None, ""  # aborted by the watchdog itself: says nothing about the server
 
-    # The probe is waiting (or waited to the hard timeout) with no token.
-    if young and waited < s.startup_grace:
-        return "starting", f"PID {proc.pid} started {_s(age or 0)} ago; no token yet after {_s(waited)}"
+    # The probe is waiting (or waited to the hard timeout) with no token. A young process
+    # may still be loading its model, unless clients already came and went or wait on it.
+    if young and waited < s.startup_grace and not proc.abandoned and not proc.live:
+        return (
+            "starting",
+            f"PID {proc.pid} started {_s(age or 0)} ago; no token yet after {_s(waited)}",
+        )
     if waited < s.slow_after:
         return None, ""
     got = _bytes_note(probe)
     if proc.abandoned is None or proc.live is None:
         why = proc.error or "its connections cannot be inspected"
         if waited >= s.max_busy:
-            return "wedged", f"no token for {_s(waited)}{got}, longer than max_busy ({_s(s.max_busy)}); {why}"
-        return "busy", f"no token yet after {_s(waited)}{got}; {why}, so waiting up to max_busy ({_s(s.max_busy)})"
+            return (
+                "wedged",
+                f"no token for {_s(waited)}{got}, longer than max_busy ({_s(s.max_busy)}); {why}",
+            )
+        return (
+            "busy",
+            f"no token yet after {_s(waited)}{got}; {why}, so waiting up to max_busy ({_s(s.max_busy)})",
+        )
 
     abandoned, live = proc.abandoned, proc.live
     if waited < s.wedge_after:
@@ -108,7 +124,10 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
             f"(CPU {proc.cpu_percent:.1f}%)"
         )
     if waited >= s.max_busy:
-        return "wedged", f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})"
+        return (
+            "wedged",
+            f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})",
+        )
     cpu = f" (CPU {proc.cpu_percent:.0f}%)" if proc.cpu_percent is not None else ""
     return "busy", f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}"
 

@@ -1,0 +1,209 @@
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+TESTS = Path(__file__).parent
+START_TIMEOUT = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Running:
+    """A server process this test run started; stopped by its own PID only."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    port: int
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _tiny_request(url: str, timeout: float) -> bool:
+    body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    try:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def wait_until_serving(server: Running, timeout: float = START_TIMEOUT) -> None:
+    """Block until a tiny request is served: start-up done, or an earlier wedge drained."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited:\n{server.log.read_text()[-3000:]}")
+        if _tiny_request(server.url, timeout=max(1.0, deadline - time.monotonic())):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"server at {server.url} did not serve within {timeout:g}s")
+
+
+def wait_until_idle(server: Running) -> None:
+    """Serving, and no client connection left over from an earlier test."""
+    import psutil
+
+    wait_until_serving(server)
+    proc = psutil.Process(server.proc.pid)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        busy = [
+            c
+            for c in proc.net_connections("tcp")
+            if c.laddr.port == server.port and c.raddr and c.status != "TIME_WAIT"
+        ]
+        if not busy:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"connections never drained from {server.url}")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the real user's config or state."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MLX_WATCHDOG_CONFIG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-model")
+    subprocess.run(
+        [sys.executable, str(TESTS / "tinymodel.py"), str(out)], check=True, capture_output=True
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hf-hub-cache")
+
+
+StartServer = Callable[..., Running]
+
+
+@pytest.fixture(scope="session")
+def start_real_server(
+    tiny_model: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartServer]:
+    started: list[Running] = []
+
+    def start(*extra: str, hub_cache: Path | None = None) -> Running:
+        port = free_port()
+        log = tmp_path_factory.mktemp("server-log") / "server.log"
+        env = {
+            **os.environ,
+            "HF_HUB_CACHE": str(hub_cache or hf_cache),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "--max-tokens",
+            "16",
+            *extra,
+        ]
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+            )
+        server = Running(proc, f"http://127.0.0.1:{port}", port, log)
+        started.append(server)
+        wait_until_serving(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _serial_server(start_real_server: StartServer, tiny_model: Path) -> Running:
+    # Speculative decoding disables batching: strictly one request at a time, as in the field.
+    return start_real_server("--draft-model", str(tiny_model))
+
+
+@pytest.fixture
+def serial_server(_serial_server: Running) -> Running:
+    wait_until_idle(_serial_server)
+    return _serial_server
+
+
+@pytest.fixture(scope="session")
+def _batched_server(start_real_server: StartServer) -> Running:
+    return start_real_server()
+
+
+@pytest.fixture
+def batched_server(_batched_server: Running) -> Running:
+    wait_until_idle(_batched_server)
+    return _batched_server
+
+
+@pytest.fixture
+def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(mode: str, delay: float = 1.5) -> Running:
+        port = free_port()
+        log = tmp_path / f"bad-{mode}.log"
+        fh = log.open("wb")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(TESTS / "badserver.py"),
+                "--port",
+                str(port),
+                "--mode",
+                mode,
+                "--delay",
+                str(delay),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=fh,
+            stdin=subprocess.DEVNULL,
+        )
+        fh.close()
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready", log.read_text()
+        server = Running(proc, f"http://127.0.0.1:{port}", port, log)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

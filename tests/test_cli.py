@@ -1,0 +1,164 @@
+"""The command line, through click's runner and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import Running, free_port
+from watchdog.cli import cli
+
+
+def all_commands(
+    group: click.Group, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, command in group.commands.items():
+        yield (*prefix, name), command
+        if isinstance(command, click.Group):
+            yield from all_commands(command, (*prefix, name))
+
+
+@pytest.mark.parametrize("path", [p for p, _ in all_commands(cli)], ids=" ".join)
+def test_every_command_has_help(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0
+    _, command = next((p, c) for p, c in all_commands(cli) if p == path)
+    assert command.help and len(command.help) > 20
+
+
+def test_module_entry_point_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "watchdog", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.startswith("mlx-watchdog, version ")
+
+
+def test_config_init_writes_a_template_that_checks(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["config", "init", "--config", str(path)]).exit_code == 0
+    again = runner.invoke(cli, ["config", "init", "--config", str(path)])
+    assert again.exit_code == 1 and "already exists" in again.output
+    checked = runner.invoke(cli, ["config", "check", "--config", str(path), "--json"])
+    assert checked.exit_code == 0
+    doc = json.loads(checked.stdout)
+    assert doc["server"][0]["url"] == "http://127.0.0.1:8080"
+    assert doc["server"][0]["probe"]["wedge_after"] == "1m"
+
+
+def test_config_init_default_path_is_under_xdg_config(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["config", "init"])
+    assert result.exit_code == 0
+    assert (tmp_path / "config" / "mlx-watchdog" / "config.toml").exists()
+
+
+def test_config_check_error_exits_3_and_names_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nwedge_after = "30"\n'
+    )
+    result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)])
+    assert result.exit_code == 3
+    assert 'probe.wedge_after = "30" has no unit; write "30s"' in result.output
+
+
+def test_config_check_never_prints_the_api_key(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-very-secret")
+    key.chmod(0o600)
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\napi_key_file = "{key}"\n'
+    )
+    result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)])
+    assert result.exit_code == 0 and str(key) in result.output
+    assert "sk-very-secret" not in result.output
+
+
+def test_probe_with_bad_config_is_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[watchdog]\ninterval = "fast"\n')
+    result = CliRunner().invoke(cli, ["probe", "--config", str(path)])
+    assert result.exit_code == 3 and 'watchdog.interval = "fast"' in result.output
+
+
+def test_probe_unknown_server_is_unknown(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["probe", "--server", "nope"])
+    assert result.exit_code == 3 and 'no server named "nope"' in result.output
+
+
+def test_probe_bad_wedge_after_is_unknown() -> None:
+    result = CliRunner().invoke(cli, ["probe", "--wedge-after", "5"])
+    assert result.exit_code == 3 and '--wedge-after = "5" has no unit' in result.output
+
+
+def test_probe_sends_the_api_key(bad_server: Callable[..., Running], tmp_path: Path) -> None:
+    srv = bad_server("auth_401")
+    key = tmp_path / "key"
+    key.write_text("sk-wrong")
+    key.chmod(0o600)
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[server]]\nname = "q"\nurl = "{srv.url}"\napi_key_file = "{key}"\n')
+    result = CliRunner().invoke(cli, ["probe", "--config", str(path), "--json"])
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 2 and doc["state"] == "dead"
+    assert doc["evidence"]["probe_finding"] == "auth_failed"
+    assert "sk-wrong" not in result.output
+
+
+def test_probe_human_output_and_exit_code(bad_server: Callable[..., Running]) -> None:
+    srv = bad_server("ok")
+    proc = subprocess.run(
+        [sys.executable, "-m", "watchdog", "probe", "--url", srv.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ.copy(),
+    )
+    assert proc.returncode == 0
+    assert "HEALTHY" in proc.stdout and "first token" in proc.stdout
+
+
+def test_probe_all_servers_exits_with_the_worst(
+    bad_server: Callable[..., Running], tmp_path: Path
+) -> None:
+    good, bad = bad_server("ok"), bad_server("html_500")
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'[[server]]\nname = "good"\nurl = "{good.url}"\n'
+        f'[[server]]\nname = "bad"\nurl = "{bad.url}"\n'
+    )
+    result = CliRunner().invoke(cli, ["probe", "--config", str(path), "--json"])
+    docs = json.loads(result.stdout)
+    assert [(d["server"], d["state"]) for d in docs] == [("good", "healthy"), ("bad", "dead")]
+    assert result.exit_code == 2
+
+
+def test_probe_down_json() -> None:
+    result = CliRunner().invoke(
+        cli, ["probe", "--url", f"http://127.0.0.1:{free_port()}", "--json"]
+    )
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 2
+    assert {"server", "url", "state", "reason", "evidence"} <= set(doc)
+    for key in (
+        "ttft_s",
+        "waited_s",
+        "bytes",
+        "tokens",
+        "models_status",
+        "models_ok",
+        "pid",
+        "cpu_percent",
+        "abandoned_connections",
+        "live_connections",
+    ):
+        assert key in doc["evidence"]

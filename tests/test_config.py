@@ -1,0 +1,245 @@
+"""Config: one test per kind of bad input; every message names the key and quotes the value."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from watchdog.config import (
+    TEMPLATE,
+    ConfigError,
+    effective,
+    format_duration,
+    load_config,
+    parse_config,
+    parse_duration,
+)
+
+
+def load(text: str) -> object:
+    return parse_config(tomllib.loads(text))
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(text)
+    return str(info.value)
+
+
+def test_no_server_watches_the_mlx_default() -> None:
+    cfg = load("")
+    assert [(s.name, s.url) for s in cfg.servers] == [("mlx-8080", "http://127.0.0.1:8080")]  # type: ignore[attr-defined]
+
+
+def test_missing_default_file_is_the_embedded_default(tmp_path: Path) -> None:
+    cfg = load_config(None, {"XDG_CONFIG_HOME": str(tmp_path)})
+    assert cfg.source is None and cfg.servers[0].port == 8080
+
+
+def test_env_var_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.toml"
+    path.write_text('[[server]]\nname = "a"\nurl = "http://127.0.0.1:9000"\n')
+    cfg = load_config(None, {"MLX_WATCHDOG_CONFIG": str(path)})
+    assert cfg.source == path and cfg.servers[0].name == "a"
+
+
+def test_a_named_file_that_is_missing_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", {})
+
+
+def test_invalid_toml_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[watchdog\ninterval = 3")
+    with pytest.raises(ConfigError, match=r"bad.toml: not valid TOML"):
+        load_config(path, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "expected"),
+    [
+        ("500ms", 0.5, "500ms"),
+        ("30s", 30.0, "30s"),
+        ("15m", 900.0, "15m"),
+        ("1h", 3600.0, "1h"),
+        ("1h30m", 5400.0, "90m"),
+        ("1.5s", 1.5, "1.5s"),
+    ],
+)
+def test_durations(text: str, value: float, expected: str) -> None:
+    assert parse_duration(text, "k") == value
+    assert format_duration(value) == expected
+
+
+BAD = [
+    (
+        "no unit",
+        '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nwedge_after = "30"',
+        'server "qwen": probe.wedge_after = "30" has no unit; write "30s"',
+    ),
+    (
+        "number duration",
+        "[watchdog]\ninterval = 30",
+        'watchdog.interval = 30 has no unit; write "30s"',
+    ),
+    (
+        "bad unit",
+        '[watchdog]\ninterval = "30 minutes"',
+        'watchdog.interval = "30 minutes" is not a duration',
+    ),
+    (
+        "zero duration",
+        '[watchdog]\ninterval = "0s"',
+        'watchdog.interval = "0s" must be longer than zero',
+    ),
+    (
+        "unknown key",
+        '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nwedge_afer = "30s"',
+        'server "qwen": [server.probe]: unknown key "wedge_afer"; did you mean "wedge_after"?',
+    ),
+    (
+        "unknown top key",
+        '[watchdg]\ninterval = "3s"',
+        'unknown key "watchdg"; did you mean "watchdog"?',
+    ),
+    (
+        "unknown server key",
+        '[[server]]\nurl = "http://127.0.0.1:8080"\nmanger = "none"',
+        'unknown key "manger"; did you mean "manager"?',
+    ),
+    ("missing url", '[[server]]\nname = "qwen"', 'server "qwen": url is required'),
+    (
+        "bad url",
+        '[[server]]\nname = "qwen"\nurl = "localhost:8080"',
+        'server "qwen": url = "localhost:8080" must be an http(s) URL',
+    ),
+    (
+        "url with path",
+        '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080/v1"',
+        'url = "http://127.0.0.1:8080/v1" must be the server\'s base URL without a path',
+    ),
+    (
+        "bad manager",
+        '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080"\nmanager = "docker"',
+        'server "qwen": manager = "docker" must be one of: none, launchd, systemd, process, command',
+    ),
+    (
+        "launchd without label",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\nmanager = "launchd"',
+        'server "q": manager = "launchd" needs label to be set',
+    ),
+    (
+        "command as a string",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\nmanager = "process"\ncommand = "mlx_lm.server --port 8080"',
+        'server "q": command = "mlx_lm.server --port 8080" must be a list of arguments, like ["mlx_lm.server", "--port", "8080"]',
+    ),
+    (
+        "max_tokens range",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nmax_tokens = 0',
+        'server "q": probe.max_tokens = 0 must be a whole number from 1 to 64',
+    ),
+    (
+        "bool as number",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.restart]\nmax_restarts = true',
+        'server "q": restart.max_restarts = true must be a whole number',
+    ),
+    (
+        "order of thresholds",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nslow_after = "2m"',
+        'server "q": probe.slow_after = "2m" must be at most probe.wedge_after = "1m"',
+    ),
+    (
+        "hard timeout too short",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nhard_timeout = "15m"',
+        'probe.max_busy = "15m" must be shorter than probe.hard_timeout = "15m"',
+    ),
+    (
+        "duplicate names",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[[server]]\nname = "q"\nurl = "http://127.0.0.1:8081"',
+        'server "q": name is used twice',
+    ),
+    (
+        "same default name",
+        '[[server]]\nurl = "http://127.0.0.1:8080"\n[[server]]\nurl = "http://[::1]:8080"',
+        'server "mlx-8080": name is used twice; names must be unique',
+    ),
+    (
+        "bad name",
+        '[[server]]\nname = "my server"\nurl = "http://127.0.0.1:8080"',
+        'name = "my server" is not a valid name',
+    ),
+    ("bad listen", '[watchdog]\nlisten = "9464"', 'watchdog.listen = "9464" must be host:port'),
+    (
+        "alerts not a list",
+        '[watchdog]\nalerts = "ntfy://x"',
+        'watchdog.alerts = "ntfy://x" must be a list of strings',
+    ),
+    (
+        "env value not a string",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\nenv = { A = 1 }',
+        'server "q": env.A = 1 must be a string',
+    ),
+    (
+        "probe not a table",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\nprobe = 3',
+        'server "q": [server.probe] must be a table, not 3',
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_names_key_and_value(text: str, message: str) -> None:
+    assert message in error_of(text)
+
+
+def test_all_errors_are_reported_at_once() -> None:
+    msg = error_of('[watchdog]\ninterval = "x"\nlisten = "y"')
+    assert "watchdog.interval" in msg and "watchdog.listen" in msg
+
+
+def test_api_key_file_others_can_read_is_a_warning(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-secret-123\n")
+    os.chmod(key, 0o644)
+    cfg = load(f'[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\napi_key_file = "{key}"')
+    assert len(cfg.warnings) == 1  # type: ignore[attr-defined]
+    assert "can be read by other users (mode 0644)" in cfg.warnings[0]  # type: ignore[attr-defined]
+    assert "sk-secret" not in cfg.warnings[0]  # type: ignore[attr-defined]
+    os.chmod(key, 0o600)
+    cfg = load(f'[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\napi_key_file = "{key}"')
+    assert cfg.warnings == ()  # type: ignore[attr-defined]
+    assert cfg.servers[0].api_key() == "sk-secret-123"  # type: ignore[attr-defined]
+
+
+def test_missing_api_key_file_is_an_error(tmp_path: Path) -> None:
+    msg = error_of(
+        f'[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\napi_key_file = "{tmp_path}/k"'
+    )
+    assert f'server "q": api_key_file = "{tmp_path}/k" does not exist' in msg
+
+
+def test_template_is_valid_and_shows_the_defaults() -> None:
+    cfg = parse_config(tomllib.loads(TEMPLATE))
+    default = parse_config({"server": [{"name": "mlx", "url": "http://127.0.0.1:8080"}]})
+    assert cfg == default
+    uncommented = "\n".join(
+        line.lstrip("# ")
+        for line in TEMPLATE.splitlines()
+        if line.startswith("# ") and " = " in line and "ntfy" not in line
+    )
+    assert 'wedge_after = "60s"' in uncommented
+
+
+def test_effective_masks_secrets(tmp_path: Path) -> None:
+    cfg = load(
+        '[watchdog]\nalerts = ["slack://TokenA/TokenB/TokenC", "ntfy://my-topic"]\n'
+        '[[server]]\nname = "q"\nurl = "http://user:hunter2@127.0.0.1:8080"\n'
+        'env = { HF_TOKEN = "hf_abc", HF_HOME = "/data/hf" }'
+    )
+    text = repr(effective(cfg))  # type: ignore[arg-type]
+    for secret in ("TokenA", "my-topic", "hunter2", "hf_abc"):
+        assert secret not in text
+    assert "slack://***" in text and "/data/hf" in text and "user:***@" in text

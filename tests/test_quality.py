@@ -1,0 +1,36 @@
+"""The package stays typed (mypy strict) and lint-clean; both run as part of the suite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_mypy_strict() -> None:
+    result = run("mypy")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff() -> None:
+    result = run("ruff", "check", "watchdog", "tests")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_core_never_imports_click_or_rich() -> None:
+    for path in (ROOT / "watchdog").glob("*.py"):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        text = path.read_text()
+        for lib in ("click", "rich"):
+            assert f"import {lib}" not in text and f"from {lib}" not in text, path.name
+
+
+def test_py_typed_ships() -> None:
+    assert (ROOT / "watchdog" / "py.typed").exists()

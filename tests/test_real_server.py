@@ -1,0 +1,167 @@
+"""Against the real mlx_lm.server on a tiny model: the states it can really show."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Running, StartServer, free_port
+from watchdog.check import check_once
+from watchdog.config import ProbeSettings, ServerConfig
+
+pytestmark = pytest.mark.real_server
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "watchdog",
+    "probes",
+    "server",
+    "tiny",
+    "prompt",
+]
+GIVE_UP_AFTER = 2.0
+WEDGE_AFTER = "4s"
+
+
+def server_config(url: str) -> ServerConfig:
+    return ServerConfig(
+        name="real",
+        url=url,
+        probe=ProbeSettings(
+            slow_after=2.0, wedge_after=4.0, max_busy=60.0, hard_timeout=300.0, startup_grace=0.01
+        ),
+    )
+
+
+def long_prompt(seed: int) -> str:
+    """About 10k tokens of the tiny tokenizer, unique per seed so the prompt cache cannot help."""
+    rnd = random.Random(seed)
+    return " ".join(rnd.choice(WORDS) + str(rnd.randint(0, 99)) for _ in range(3000))
+
+
+def send(url: str, prompt: str, timeout: float) -> str:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+    try:
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout)
+    except httpx.TimeoutException:
+        return "gave up"
+    return "served"
+
+
+def cli(*args: str) -> tuple[int, dict[str, object]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "watchdog", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.fixture
+def patient_client(serial_server: Running) -> Iterator[Callable[[], None]]:
+    threads: list[threading.Thread] = []
+    outcome: list[str] = []
+
+    def start() -> None:
+        t = threading.Thread(
+            target=lambda: outcome.append(
+                send(serial_server.url, long_prompt(random.randrange(10**9)), timeout=300)
+            )
+        )
+        t.start()
+        threads.append(t)
+
+    yield start
+    for t in threads:
+        t.join(300)
+    assert outcome == ["served"] * len(threads), "the patient client was not served"
+
+
+def test_healthy(batched_server: Running) -> None:
+    result = check_once(server_config(batched_server.url))
+    ev = result.verdict.evidence
+    assert result.verdict.state == "healthy", result.verdict.reason
+    assert ev["tokens"] >= 1 and ev["models_ok"] is True and ev["models_status"] == 200
+    assert ev["pid"] == batched_server.proc.pid and ev["cmdline_matches"] is True
+    assert ev["abandoned_connections"] == 0 and ev["live_connections"] == 0
+
+
+def test_repeated_probe_is_served_from_the_prompt_cache(batched_server: Running) -> None:
+    check_once(server_config(batched_server.url))
+    ev = check_once(server_config(batched_server.url)).verdict.evidence
+    assert ev["prompt_tokens"] - ev["cached_tokens"] <= 2
+
+
+def test_abandoned_requests_wedge_the_serial_server(serial_server: Running) -> None:
+    assert send(serial_server.url, long_prompt(1), timeout=GIVE_UP_AFTER) == "gave up"
+    code, doc = cli("probe", "--url", serial_server.url, "--wedge-after", WEDGE_AFTER, "--json")
+    ev = doc["evidence"]
+    assert isinstance(ev, dict)
+    assert (code, doc["state"]) == (2, "wedged"), doc["reason"]
+    assert ev["abandoned_connections"] >= 1 and ev["models_status"] == 200
+    assert ev["bytes"] == 0 and ev["tokens"] == 0
+    assert "abandoned" in str(doc["reason"])
+
+
+def test_patient_long_request_is_busy(
+    serial_server: Running, patient_client: Callable[[], None]
+) -> None:
+    patient_client()
+    time.sleep(1.0)
+    code, doc = cli("probe", "--url", serial_server.url, "--wedge-after", WEDGE_AFTER, "--json")
+    ev = doc["evidence"]
+    assert isinstance(ev, dict)
+    assert (code, doc["state"]) == (1, "busy"), doc["reason"]
+    assert ev["live_connections"] == 1 and ev["abandoned_connections"] == 0
+    assert ev["cpu_percent"] > 50
+
+
+def test_a_second_probe_during_a_long_request_stays_busy(
+    serial_server: Running, patient_client: Callable[[], None]
+) -> None:
+    """The first probe command exits with its probe still queued; that is not abandoned work."""
+    patient_client()
+    time.sleep(1.0)
+    states = [
+        cli("probe", "--url", serial_server.url, "--wedge-after", "2s", "--json")[1]["state"]
+        for _ in range(2)
+    ]
+    assert states == ["busy", "busy"]
+
+
+def test_empty_models_body_is_its_own_finding(
+    start_real_server: StartServer, tmp_path: Path
+) -> None:
+    server = start_real_server(hub_cache=tmp_path / "missing")
+    try:
+        result = check_once(server_config(server.url))
+    finally:
+        server.stop()
+    ev = result.verdict.evidence
+    assert ev["models_status"] == 200 and ev["models_finding"] == "empty_body"
+    assert result.verdict.state == "healthy"  # generation works; the finding says what is off
+    assert "empty body" in result.verdict.reason
+
+
+def test_connection_refused_is_down() -> None:
+    code, doc = cli("probe", "--url", f"http://127.0.0.1:{free_port()}", "--json")
+    assert (code, doc["state"]) == (2, "down")

@@ -1,0 +1,232 @@
+"""The verdict alone: no I/O, `now` passed in."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from watchdog.config import ProbeSettings
+from watchdog.evidence import Client, ProcessEvidence
+from watchdog.probe import ModelsCheck, ProbeSnapshot
+from watchdog.verdict import EXIT_CODES, STATES, Observation, judge
+
+S = ProbeSettings(slow_after=10, wedge_after=60, max_busy=900, startup_grace=120, hard_timeout=1800)
+T0 = 1_000_000.0
+MODELS_OK = ModelsCheck(200, True, "ok", "1 models listed", ("m",), 0.01)
+MODELS_EMPTY = ModelsCheck(200, False, "empty_body", "200 with an empty body", (), 0.01)
+
+
+def proc(
+    live: int = 0,
+    abandoned: int = 0,
+    cpu: float | None = 100.0,
+    age: float = 3600.0,
+    pid: int | None = 42,
+) -> ProcessEvidence:
+    clients = tuple(
+        Client(("127.0.0.1", 50000 + i), "live", T0, None) for i in range(live)
+    ) + tuple(Client(("127.0.0.1", 60000 + i), "abandoned", T0, T0) for i in range(abandoned))
+    return ProcessEvidence(
+        pid=pid,
+        create_time=T0 - age,
+        cmdline=("mlx_lm.server",),
+        matches=True,
+        cpu_percent=cpu,
+        rss_bytes=1,
+        abandoned=abandoned,
+        live=live,
+        clients=clients,
+    )
+
+
+def token(after: float) -> ProbeSnapshot:
+    return ProbeSnapshot(
+        started_at=T0,
+        headers_at=T0 + after,
+        first_token_at=T0 + after,
+        done_at=T0 + after,
+        status=200,
+        bytes=900,
+        tokens=1,
+        finding="ok",
+    )
+
+
+def waiting(bytes_: int = 0) -> ProbeSnapshot:
+    return ProbeSnapshot(started_at=T0, bytes=bytes_)
+
+
+def finished(finding: str, detail: str = "") -> ProbeSnapshot:
+    return ProbeSnapshot(started_at=T0, done_at=T0 + 0.01, finding=finding, detail=detail)
+
+
+UNKNOWN = ProcessEvidence(pid=None, error="no process of this user listens on port 8080")
+REMOTE = ProcessEvidence(pid=None, local=False, error="the server is on another machine")
+
+ROWS = [
+    # id, probe, process, models, seconds since the probe started, state, words in the reason
+    ("token fast", token(0.05), proc(), MODELS_OK, 0.1, "healthy", "first token in 50 ms"),
+    ("token slow", token(12), proc(), MODELS_OK, 12, "slow", "first token after 12.0 s"),
+    ("token, models empty", token(0.05), proc(), MODELS_EMPTY, 0.1, "healthy", "empty_body"),
+    ("refused", finished("refused"), UNKNOWN, None, 0.1, "down", "nothing is listening"),
+    ("refused, young pid", finished("refused"), proc(age=5), None, 0.1, "starting", "PID 42"),
+    ("html", finished("html_error", "HTTP 502"), proc(), MODELS_OK, 0.1, "dead", "HTML page"),
+    ("auth", finished("auth_failed"), proc(), MODELS_OK, 0.1, "dead", "API key"),
+    ("too early", waiting(), proc(), MODELS_OK, 5, None, ""),
+    ("young, loading", waiting(), proc(age=30, cpu=100), MODELS_OK, 61, "starting", "started"),
+    (
+        "young but abandoned",
+        waiting(),
+        proc(age=30, abandoned=1),
+        MODELS_OK,
+        61,
+        "wedged",
+        "abandoned",
+    ),
+    ("waiting, alone", waiting(), proc(), MODELS_OK, 20, "slow", "no token yet"),
+    ("waiting, live", waiting(), proc(live=1), MODELS_OK, 20, "busy", "1 live client"),
+    ("waiting, abandoned", waiting(), proc(abandoned=2), MODELS_OK, 20, "slow", "2 abandoned"),
+    (
+        "wedge, abandoned",
+        waiting(),
+        proc(abandoned=3),
+        MODELS_OK,
+        61,
+        "wedged",
+        "3 abandoned requests",
+    ),
+    (
+        "wedge, abandoned and live",
+        waiting(),
+        proc(live=2, abandoned=1),
+        MODELS_OK,
+        61,
+        "wedged",
+        "abandoned request",
+    ),
+    ("wedge, nobody", waiting(), proc(), MODELS_OK, 61, "wedged", "no other client"),
+    ("busy, live and working", waiting(), proc(live=1, cpu=98), MODELS_OK, 120, "busy", "CPU 98%"),
+    ("live but idle", waiting(), proc(live=1, cpu=0.2), MODELS_OK, 61, "wedged", "idle"),
+    ("busy too long", waiting(), proc(live=1), MODELS_OK, 901, "wedged", "max_busy"),
+    (
+        "models fail too",
+        waiting(),
+        proc(),
+        ModelsCheck(None, False, "timeout", "", (), 5.0),
+        61,
+        "wedged",
+        "/v1/models fails too",
+    ),
+    ("trickled keepalives", waiting(200), proc(), MODELS_OK, 61, "wedged", "200 bytes"),
+    ("cannot inspect", waiting(), UNKNOWN, MODELS_OK, 61, "busy", "waiting up to max_busy"),
+    ("remote, too long", waiting(), REMOTE, MODELS_OK, 901, "wedged", "another machine"),
+    ("aborted by us", finished("aborted"), proc(), MODELS_OK, 1, None, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("probe", "process", "models", "at", "state", "words"),
+    [r[1:] for r in ROWS],
+    ids=[r[0] for r in ROWS],
+)
+def test_rules(
+    probe: ProbeSnapshot,
+    process: ProcessEvidence,
+    models: ModelsCheck | None,
+    at: float,
+    state: str | None,
+    words: str,
+) -> None:
+    verdict = judge(Observation(probe, process, models), S, T0 + at)
+    if state is None:
+        assert verdict is None
+        return
+    assert verdict is not None
+    assert verdict.state == state, verdict.reason
+    assert verdict.reason.startswith(f"{state}: ")
+    assert words in verdict.reason
+
+
+def test_hard_timeout_with_zero_bytes_is_wedged_when_nothing_is_served() -> None:
+    probe = replace(finished("no_response"), done_at=T0 + S.hard_timeout)
+    verdict = judge(Observation(probe, proc(), MODELS_OK), S, T0 + S.hard_timeout)
+    assert verdict is not None and verdict.state == "wedged"
+
+
+def test_evidence_carries_the_numbers() -> None:
+    verdict = judge(
+        Observation(waiting(), proc(live=1, abandoned=2, cpu=99.5), MODELS_OK), S, T0 + 61
+    )
+    assert verdict is not None
+    ev = verdict.evidence
+    assert ev["waited_s"] == 61 and ev["bytes"] == 0 and ev["tokens"] == 0
+    assert (ev["live_connections"], ev["abandoned_connections"]) == (1, 2)
+    assert ev["cpu_percent"] == 99.5 and ev["models_status"] == 200 and ev["pid"] == 42
+    assert ev["ttft_s"] is None and ev["probe_finding"] == "waiting"
+
+
+def test_exit_codes_cover_every_state() -> None:
+    assert set(EXIT_CODES) == set(STATES)
+    assert [
+        EXIT_CODES[s] for s in ("healthy", "slow", "busy", "starting", "wedged", "dead", "down")
+    ] == [0, 1, 1, 1, 2, 2, 2]
+
+
+# -- properties ----------------------------------------------------------------------------
+
+processes = st.builds(
+    proc,
+    live=st.integers(0, 4),
+    abandoned=st.integers(0, 4),
+    cpu=st.one_of(st.none(), st.floats(0, 400)),
+    age=st.floats(0, 10_000),
+)
+findings = st.sampled_from([None, "ok", "refused", "http_error", "reset", "no_response", "trickle"])
+
+
+@given(ttft=st.floats(0, 3600), process=processes, later=st.floats(0, 3600))
+def test_a_probe_that_got_a_token_is_never_wedged(
+    ttft: float, process: ProcessEvidence, later: float
+) -> None:
+    verdict = judge(Observation(token(ttft), process, MODELS_OK), S, T0 + ttft + later)
+    assert verdict is not None and verdict.state in ("healthy", "slow")
+
+
+@given(process=processes, waited=st.floats(0, 7200))
+def test_busy_never_lasts_past_max_busy(process: ProcessEvidence, waited: float) -> None:
+    verdict = judge(Observation(waiting(), process, MODELS_OK), S, T0 + waited)
+    if verdict is not None and verdict.state == "busy":
+        assert waited < S.max_busy
+    if waited >= S.max_busy and (process.age(T0 + waited) or 0) >= S.startup_grace:
+        assert verdict is not None and verdict.state == "wedged"
+
+
+@given(process=processes, waited=st.floats(0, 7200))
+def test_abandoned_work_past_wedge_after_is_wedged(process: ProcessEvidence, waited: float) -> None:
+    verdict = judge(Observation(waiting(), process, MODELS_OK), S, T0 + waited)
+    if process.abandoned and waited >= S.wedge_after:
+        assert verdict is not None and verdict.state == "wedged"
+        assert "abandoned" in verdict.reason
+
+
+@given(finding=findings, process=processes, waited=st.floats(0, 7200))
+def test_every_judged_state_is_known_and_explained(
+    finding: str | None, process: ProcessEvidence, waited: float
+) -> None:
+    probe = (
+        waiting()
+        if finding is None
+        else replace(
+            finished(finding),
+            done_at=T0 + waited,
+            tokens=1 if finding == "ok" else 0,
+            first_token_at=T0 if finding == "ok" else None,
+        )
+    )
+    verdict = judge(Observation(probe, process, MODELS_OK), S, T0 + waited)
+    if verdict is not None:
+        assert verdict.state in STATES
+        assert verdict.reason.startswith(verdict.state + ": ") and len(verdict.reason) > 12
