@@ -15,7 +15,7 @@ import stat
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
@@ -230,42 +230,9 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
 # -- sections ------------------------------------------------------------------------------
 
 _WATCHDOG_KEYS = {"interval", "listen", "state_dir", "alerts", "on_event"}
-_SERVER_KEYS = {
-    "name",
-    "url",
-    "api_key_file",
-    "model",
-    "manager",
-    "label",
-    "unit",
-    "command",
-    "restart_command",
-    "match",
-    "env",
-    "log_file",
-    "probe",
-    "restart",
-}
-_PROBE_KEYS = {
-    "prompt",
-    "max_tokens",
-    "slow_after",
-    "wedge_after",
-    "max_busy",
-    "startup_grace",
-    "hard_timeout",
-    "models_timeout",
-    "idle_cpu_percent",
-}
-_RESTART_KEYS = {
-    "max_restarts",
-    "window",
-    "backoff",
-    "drain",
-    "drain_timeout",
-    "drain_command",
-    "undrain_command",
-}
+_SERVER_KEYS = {f.name for f in fields(ServerConfig)}
+_PROBE_KEYS = {f.name for f in fields(ProbeSettings)}
+_RESTART_KEYS = {f.name for f in fields(RestartSettings)}
 
 
 def _watchdog(raw: Mapping[str, Any], errors: list[str]) -> WatchdogSettings:

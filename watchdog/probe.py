@@ -8,6 +8,7 @@ open up to `hard_timeout`, because a probe that disconnects is one more abandone
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
 import threading
@@ -212,8 +213,7 @@ class Probe:
                     self._set(headers_at=self._clock())
                 self._read(response, hard)
         except httpx.ConnectError as exc:
-            refused = "refused" in str(exc).lower() or "errno 111" in str(exc).lower()
-            self._finish("refused" if refused else "connect_error", str(exc))
+            self._finish("refused" if _refused(exc) else "connect_error", str(exc))
         except httpx.ConnectTimeout:
             self._finish("connect_timeout", f"no connection within {CONNECT_TIMEOUT:g}s")
         except httpx.ReadTimeout:
@@ -455,8 +455,7 @@ def check_models(
                     return done(response.status_code, "http_error", "body over 1 MiB")
             status = response.status_code
     except httpx.ConnectError as exc:
-        refused = "refused" in str(exc).lower() or "errno 111" in str(exc).lower()
-        return done(None, "refused" if refused else "error", str(exc))
+        return done(None, "refused" if _refused(exc) else "error", str(exc))
     except httpx.TimeoutException:
         return done(None, "timeout", f"no answer within {server.probe.models_timeout:g}s")
     except httpx.HTTPError as exc:
@@ -491,6 +490,18 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else None,
         "cached_tokens": _int(cached) if cached is not None else None,
     }
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if (
+            isinstance(seen, ConnectionRefusedError)
+            or getattr(seen, "errno", None) == errno.ECONNREFUSED
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "connection refused" in str(exc).lower()
 
 
 def _dict(value: object) -> dict[str, Any]:
