@@ -95,7 +95,7 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     subprocess.run(
-        [sys.executable, str(TESTS / "tinymodel.py"), str(out)], check=True, capture_output=True
+        [sys.executable, "-m", "watchdog.tinymodel", str(out)], check=True, capture_output=True
     )
     return out
 

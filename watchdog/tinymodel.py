@@ -1,7 +1,8 @@
 """Build a tiny random-weight Llama that the real mlx_lm.server can load and serve.
 
-Nothing is downloaded: the BPE tokenizer is trained on a few sentences and the
-weights are random, so generation is nonsense but every server code path is real.
+Nothing is downloaded: the BPE tokenizer is trained on a few sentences and the weights are
+random, so generation is nonsense but every server code path is real. Used by the tests and by
+`mlx-watchdog demo`; needs the `server` extra (mlx, mlx-lm, and tokenizers through them).
 """
 
 from __future__ import annotations

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from watchdog.budget import decide
+from watchdog.config import RestartSettings
+
+R = RestartSettings(max_restarts=3, window=3600, backoff=30)
+
+
+def test_first_restart_is_allowed() -> None:
+    d = decide(R, [], 1000.0)
+    assert d.allowed and (d.used, d.left) == (0, 3)
+
+
+def test_backoff_grows() -> None:
+    assert not decide(R, [1000.0], 1029.0).allowed
+    assert decide(R, [1000.0], 1030.0).allowed
+    d = decide(R, [1000.0, 1030.0], 1080.0)
+    assert not d.allowed and d.not_before == 1090.0  # 2 x 30 s after the second
+    assert decide(R, [1000.0, 1030.0], 1090.0).allowed
+
+
+def test_spent_budget_needs_a_person_until_the_window_passes() -> None:
+    times = [1000.0, 1030.0, 1090.0]
+    d = decide(R, times, 2000.0)
+    assert not d.allowed and d.spent and d.left == 0
+    assert decide(R, times, 1000.0 + 3600 + 91).allowed
+
+
+def test_zero_restarts_means_observe_only() -> None:
+    d = decide(RestartSettings(max_restarts=0), [], 0.0)
+    assert not d.allowed and d.spent
+
+
+@given(st.lists(st.floats(0, 10_000), max_size=10), st.floats(0, 10_000))
+def test_never_more_than_max_in_a_window(times: list[float], now: float) -> None:
+    d = decide(R, times, now)
+    in_window = [t for t in times if t > now - R.window]
+    if d.allowed:
+        assert len(in_window) < R.max_restarts

@@ -1,0 +1,109 @@
+"""The history database, including what happens when the file is corrupt, read-only or locked."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from watchdog.store import MIGRATIONS, Store
+
+
+def test_incident_lifecycle(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    iid = store.open_incident("a", 100.0, "wedged", "wedged: x", {"abandoned_connections": 2})
+    assert iid is not None
+    store.add_action(iid, {"at": 101.0, "action": "restart", "outcome": "ok"})
+    assert store.open_incident_for("a") is not None
+    store.close_incident(iid, 160.0, "recovered", recover_s=12.5)
+    assert store.open_incident_for("a") is None
+    (inc,) = store.incidents(since=0.0)
+    assert (inc.outage_s, inc.recover_s, inc.outcome) == (60.0, 12.5, "recovered")
+    assert inc.evidence == {"abandoned_connections": 2} and inc.actions[0]["action"] == "restart"
+
+
+def test_history_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    store = Store(path)
+    rid = store.start_restart("a", 10.0, "wedged")
+    store.hold("a", 11.0, "budget spent")
+    store.close()
+    again = Store(path)
+    assert [r.id for r in again.restarts("a", 0.0)] == [rid]
+    assert again.held("a") == "budget spent"
+    assert [r.outcome for r in again.interrupt_unfinished("a", 20.0)] == [None]
+    assert again.restarts("a", 0.0)[0].outcome == "interrupted"
+    assert again.interrupt_unfinished("a", 21.0) == []
+
+
+def test_schema_is_versioned_and_migrations_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert [r[0] for r in db.execute("SELECT name FROM migrations")] == [m[0] for m in MIGRATIONS]
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+def test_corrupt_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "h.db"
+    path.write_bytes(b"this is not sqlite at all" * 100)
+    with caplog.at_level(logging.ERROR):
+        store = Store(path, clock=lambda: 1234.0)
+    aside = tmp_path / "h.db.corrupt-1234"
+    assert aside.read_bytes().startswith(b"this is not sqlite")
+    assert store.problem and "corrupt" in store.problem and "moved it to" in caplog.text
+    store.add_event("a", 1.0, "detected", "m", {})
+    assert len(store.events()) == 1
+
+
+def test_file_found_corrupt_while_running_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    store = Store(path, clock=lambda: 99.0)
+    store.close()
+    path.write_bytes(b"garbage" * 1000)
+    for suffix in ("-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    store._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    store.start_restart("a", 3.0, "wedged")  # fails on the garbage, moves it aside, retries
+    assert store.problem is not None and "corrupt" in store.problem
+    assert (tmp_path / "h.db.corrupt-99").exists()
+    assert len(store.restarts("a", 0.0)) == 1
+
+
+def test_unwritable_folder_falls_back_to_memory(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    store = Store(blocker / "sub" / "h.db")  # a folder cannot be made under a file
+    assert store.problem and "in memory" in store.problem
+    store.start_restart("a", 1.0, "wedged")
+    assert len(store.restarts("a", 0.0)) == 1
+
+
+def test_locked_database_skips_the_write(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    store = Store(path)
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        store.add_event("a", 1.0, "detected", "m", {})  # must not raise
+        assert store.problem and "locked" in store.problem
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    store.add_event("a", 2.0, "detected", "m", {})
+    assert [e["at"] for e in store.events()] == [2.0]
+
+
+def test_probe_retention_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import watchdog.store as mod
+
+    monkeypatch.setattr(mod, "PROBES_KEPT", 100)
+    store = Store(tmp_path / "h.db")
+    for i in range(1000):
+        store.record_probe("a", float(i), "healthy", "ok", {"ttft_s": 0.04})
+    kept = store.probes("a", 0.0)
+    assert 100 <= len(kept) <= 600 and kept[-1]["at"] == 999.0

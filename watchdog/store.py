@@ -1,0 +1,398 @@
+"""SQLite history: probes, incidents, events, restarts and holds, in `state_dir`.
+
+The history must never stop the probing. Every call is guarded: a locked database skips the
+write and says so, a corrupt file is moved aside and a new one started, an unwritable one is
+replaced by an in-memory database for the life of the process (so the restart budget still holds
+within this run) and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger("mlx_watchdog.store")
+
+T = TypeVar("T")
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "0001_initial",
+        """
+        CREATE TABLE probes (
+            id INTEGER PRIMARY KEY, server TEXT NOT NULL, at REAL NOT NULL, state TEXT NOT NULL,
+            reason TEXT NOT NULL, ttft_s REAL, waited_s REAL, evidence TEXT NOT NULL);
+        CREATE INDEX probes_server_at ON probes (server, at);
+        CREATE TABLE incidents (
+            id INTEGER PRIMARY KEY, server TEXT NOT NULL, opened_at REAL NOT NULL,
+            closed_at REAL, state TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL,
+            actions TEXT NOT NULL DEFAULT '[]', outage_s REAL, recover_s REAL, outcome TEXT);
+        CREATE INDEX incidents_server ON incidents (server, opened_at);
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY, server TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL,
+            message TEXT NOT NULL, data TEXT NOT NULL);
+        CREATE TABLE restarts (
+            id INTEGER PRIMARY KEY, server TEXT NOT NULL, at REAL NOT NULL, trigger TEXT NOT NULL,
+            finished_at REAL, outcome TEXT);
+        CREATE INDEX restarts_server_at ON restarts (server, at);
+        CREATE TABLE holds (server TEXT PRIMARY KEY, since REAL NOT NULL, reason TEXT NOT NULL);
+        """,
+    ),
+]
+
+PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
+
+
+@dataclass(frozen=True)
+class Incident:
+    id: int
+    server: str
+    opened_at: float
+    closed_at: float | None
+    state: str
+    reason: str
+    evidence: dict[str, Any]
+    actions: list[dict[str, Any]]
+    outage_s: float | None
+    recover_s: float | None
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class Restart:
+    id: int
+    server: str
+    at: float
+    trigger: str
+    finished_at: float | None
+    outcome: str | None
+
+
+class Store:
+    def __init__(self, path: Path | None, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.clock = clock
+        self.problem: str | None = None  # the last trouble, for status output
+        self._lock = threading.RLock()
+        self._writes = 0
+        self._db = self._open()
+
+    # -- opening and guarding ---------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path is None:
+            return self._connect(":memory:")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._connect(str(self.path))
+        except sqlite3.DatabaseError as exc:
+            if _is_corrupt(exc):
+                self._move_aside(exc)
+                return self._connect(str(self.path))
+            return self._fall_back(exc)
+        except OSError as exc:
+            return self._fall_back(exc)
+
+    def _connect(self, where: str) -> sqlite3.Connection:
+        db = sqlite3.connect(where, timeout=2.0, check_same_thread=False, isolation_level=None)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA quick_check").fetchone()
+            self._migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+        done = {row[0] for row in db.execute("SELECT name FROM migrations")}
+        for number, (name, sql) in enumerate(MIGRATIONS, start=1):
+            if name in done:
+                continue
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in sql.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
+                db.execute(f"PRAGMA user_version = {number}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def _move_aside(self, exc: BaseException) -> None:
+        assert self.path is not None
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(str(self.path) + suffix)
+            if part.exists():
+                part.replace(Path(str(aside) + suffix))
+        self._report(f"history database {self.path} is corrupt ({exc}); moved it to {aside}")
+
+    def _fall_back(self, exc: BaseException) -> sqlite3.Connection:
+        self._report(
+            f"history database {self.path} cannot be used ({exc}); keeping history in memory "
+            "until the watchdog restarts"
+        )
+        return self._connect(":memory:")
+
+    def _report(self, message: str) -> None:
+        self.problem = message
+        log.error(message)
+
+    def _guard(self, default: T, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    return work(self._db)
+                except sqlite3.OperationalError as exc:
+                    text = str(exc).lower()
+                    if "locked" in text or "busy" in text:
+                        self._report(f"history database is locked; skipped a write ({exc})")
+                        return default
+                    if attempt == 2:
+                        break
+                    self._db.close()
+                    self._db = self._fall_back(exc)
+                except sqlite3.DatabaseError as exc:
+                    if attempt == 2:
+                        break
+                    self._db.close()
+                    if _is_corrupt(exc) and self.path is not None:
+                        self._move_aside(exc)
+                        self._db = self._open()
+                    else:
+                        self._db = self._fall_back(exc)
+            return default
+
+    @contextmanager
+    def _tx(self, db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        empty: list[sqlite3.Row] = []
+        return self._guard(empty, lambda db: db.execute(sql, args).fetchall())
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- probes -----------------------------------------------------------------------------
+
+    def record_probe(
+        self, server: str, at: float, state: str, reason: str, evidence: dict[str, Any]
+    ) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute(
+                    "INSERT INTO probes (server, at, state, reason, ttft_s, waited_s, evidence)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        server,
+                        at,
+                        state,
+                        reason,
+                        evidence.get("ttft_s"),
+                        evidence.get("waited_s"),
+                        json.dumps(evidence),
+                    ),
+                )
+                self._writes += 1
+                if self._writes % 500 == 0:
+                    db.execute(
+                        "DELETE FROM probes WHERE server = ? AND id <= "
+                        "(SELECT id FROM probes WHERE server = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                        (server, server, PROBES_KEPT),
+                    )
+
+        self._guard(None, work)
+
+    def probes(self, server: str, since: float) -> list[sqlite3.Row]:
+        return self._rows(
+            "SELECT * FROM probes WHERE server = ? AND at >= ? ORDER BY at", (server, since)
+        )
+
+    # -- incidents --------------------------------------------------------------------------
+
+    def open_incident(
+        self, server: str, at: float, state: str, reason: str, evidence: dict[str, Any]
+    ) -> int | None:
+        def work(db: sqlite3.Connection) -> int:
+            with self._tx(db):
+                cur = db.execute(
+                    "INSERT INTO incidents (server, opened_at, state, reason, evidence)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (server, at, state, reason, json.dumps(evidence)),
+                )
+                return int(cur.lastrowid or 0)
+
+        return self._guard(None, work)
+
+    def add_action(self, incident: int | None, action: dict[str, Any]) -> None:
+        if incident is None:
+            return
+
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                row = db.execute(
+                    "SELECT actions FROM incidents WHERE id = ?", (incident,)
+                ).fetchone()
+                if row is not None:
+                    actions = [*json.loads(row[0]), action]
+                    db.execute(
+                        "UPDATE incidents SET actions = ? WHERE id = ?",
+                        (json.dumps(actions), incident),
+                    )
+
+        self._guard(None, work)
+
+    def close_incident(
+        self, incident: int, at: float, outcome: str, recover_s: float | None
+    ) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute(
+                    "UPDATE incidents SET closed_at = ?, outcome = ?, recover_s = ?,"
+                    " outage_s = ? - opened_at WHERE id = ? AND closed_at IS NULL",
+                    (at, outcome, recover_s, at, incident),
+                )
+
+        self._guard(None, work)
+
+    def open_incident_for(self, server: str) -> Incident | None:
+        rows = self._rows(
+            "SELECT * FROM incidents WHERE server = ? AND closed_at IS NULL"
+            " ORDER BY opened_at DESC LIMIT 1",
+            (server,),
+        )
+        return _incident(rows[0]) if rows else None
+
+    def incidents(self, since: float, server: str | None = None) -> list[Incident]:
+        sql = "SELECT * FROM incidents WHERE (closed_at IS NULL OR closed_at >= ?)"
+        args: list[Any] = [since]
+        if server is not None:
+            sql += " AND server = ?"
+            args.append(server)
+        rows = self._rows(sql + " ORDER BY opened_at", args)
+        return [_incident(r) for r in rows]
+
+    # -- events -----------------------------------------------------------------------------
+
+    def add_event(
+        self, server: str, at: float, kind: str, message: str, data: dict[str, Any]
+    ) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute(
+                    "INSERT INTO events (server, at, kind, message, data) VALUES (?, ?, ?, ?, ?)",
+                    (server, at, kind, message, json.dumps(data)),
+                )
+
+        self._guard(None, work)
+
+    def events(self, server: str | None = None) -> list[sqlite3.Row]:
+        if server is None:
+            return self._rows("SELECT * FROM events ORDER BY id")
+        return self._rows("SELECT * FROM events WHERE server = ? ORDER BY id", (server,))
+
+    # -- restarts and holds: what the budget is made of -------------------------------------
+
+    def start_restart(self, server: str, at: float, trigger: str) -> int | None:
+        """Written before the manager acts, so a watchdog killed mid-restart still counts it."""
+
+        def work(db: sqlite3.Connection) -> int:
+            with self._tx(db):
+                cur = db.execute(
+                    "INSERT INTO restarts (server, at, trigger) VALUES (?, ?, ?)",
+                    (server, at, trigger),
+                )
+                return int(cur.lastrowid or 0)
+
+        return self._guard(None, work)
+
+    def finish_restart(self, restart: int | None, at: float, outcome: str) -> None:
+        if restart is None:
+            return
+
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute(
+                    "UPDATE restarts SET finished_at = ?, outcome = ? WHERE id = ?",
+                    (at, outcome, restart),
+                )
+
+        self._guard(None, work)
+
+    def interrupt_unfinished(self, server: str, at: float) -> list[Restart]:
+        """Restarts a previous watchdog began and never finished: mark and return them."""
+        unfinished = [r for r in self.restarts(server, 0.0) if r.finished_at is None]
+        for r in unfinished:
+            self.finish_restart(r.id, at, "interrupted")
+        return unfinished
+
+    def restarts(self, server: str, since: float) -> list[Restart]:
+        rows = self._rows(
+            "SELECT * FROM restarts WHERE server = ? AND at >= ? ORDER BY at", (server, since)
+        )
+        return [
+            Restart(r["id"], r["server"], r["at"], r["trigger"], r["finished_at"], r["outcome"])
+            for r in rows
+        ]
+
+    def hold(self, server: str, at: float, reason: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?, ?)", (server, at, reason))
+
+        self._guard(None, work)
+
+    def release(self, server: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute("DELETE FROM holds WHERE server = ?", (server,))
+
+        self._guard(None, work)
+
+    def held(self, server: str) -> str | None:
+        rows = self._rows("SELECT reason FROM holds WHERE server = ?", (server,))
+        return str(rows[0][0]) if rows else None
+
+
+def _is_corrupt(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text or "corrupt" in text
+
+
+def _incident(row: sqlite3.Row) -> Incident:
+    return Incident(
+        id=row["id"],
+        server=row["server"],
+        opened_at=row["opened_at"],
+        closed_at=row["closed_at"],
+        state=row["state"],
+        reason=row["reason"],
+        evidence=json.loads(row["evidence"]),
+        actions=json.loads(row["actions"]),
+        outage_s=row["outage_s"],
+        recover_s=row["recover_s"],
+        outcome=row["outcome"],
+    )
