@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -177,6 +178,30 @@ def _print_result(r: CheckResult) -> None:
 
 def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
+
+
+@cli.command()
+@config_option
+def run(config_path: Path | None) -> None:
+    """Run the watchdog in the foreground, as launchd and systemd start it.
+
+    SIGTERM or SIGINT stop it (a managed process server is stopped too); SIGHUP reloads the
+    config, keeping the running one if the new one is bad.
+    """
+    from .daemon import Daemon
+
+    setup_logging()
+    config = _load(config_path)
+    sys.exit(Daemon(config, config_path=config_path).run())
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
+                                           "%Y-%m-%dT%H:%M:%S"))
+    root = logging.getLogger("mlx_watchdog")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 @cli.group()

@@ -59,6 +59,8 @@ class RestartSettings:
     drain_timeout: float = 120.0
     drain_command: tuple[str, ...] = ()
     undrain_command: tuple[str, ...] = ()
+    command_timeout: float = 120.0  # for restart_command, drain_command, undrain_command
+    stop_grace: float = 10.0  # SIGTERM to SIGKILL, for manager = "process"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class ServerConfig:
     model: str | None = None
     manager: Manager = "none"
     label: str | None = None
+    plist: Path | None = None  # launchd: default ~/Library/LaunchAgents/<label>.plist
     unit: str | None = None
     command: tuple[str, ...] = ()
     restart_command: tuple[str, ...] = ()
@@ -269,6 +272,7 @@ def _server(
         model=c.get(raw, "model", _parse_str, None),
         manager=manager,
         label=c.get(raw, "label", _parse_str, None),
+        plist=c.get(raw, "plist", _parse_path, None),
         unit=c.get(raw, "unit", _parse_str, None),
         command=c.get(raw, "command", _parse_argv, ()),
         restart_command=c.get(raw, "restart_command", _parse_argv, ()),
@@ -341,6 +345,8 @@ def _restart(raw: Mapping[str, Any], label: str, errors: list[str]) -> RestartSe
         drain_timeout=c.get(raw, "drain_timeout", parse_duration, d.drain_timeout),
         drain_command=c.get(raw, "drain_command", _parse_argv, ()),
         undrain_command=c.get(raw, "undrain_command", _parse_argv, ()),
+        command_timeout=c.get(raw, "command_timeout", parse_duration, d.command_timeout),
+        stop_grace=c.get(raw, "stop_grace", parse_duration, d.stop_grace),
     )
 
 
@@ -536,7 +542,7 @@ def effective(config: Config) -> dict[str, Any]:
         parts = urlsplit(s.url)
         url = s.url if parts.password is None else s.url.replace(f":{parts.password}@", ":***@")
         entry: dict[str, Any] = {"name": s.name, "url": url, "manager": s.manager, "match": s.match}
-        for key in ("api_key_file", "model", "label", "unit", "log_file"):
+        for key in ("api_key_file", "model", "label", "plist", "unit", "log_file"):
             value = getattr(s, key)
             if value is not None:
                 entry[key] = str(value)
@@ -561,6 +567,8 @@ def effective(config: Config) -> dict[str, Any]:
 
 
 _DURATION_FIELDS = {
+    "command_timeout",
+    "stop_grace",
     "slow_after",
     "wedge_after",
     "max_busy",
@@ -640,6 +648,7 @@ url = "http://127.0.0.1:8080"
 # model = "mlx-community/Qwen3-4B-4bit"  # leave out: the probe uses the served default
 # manager = "none"              # none | launchd | systemd | process | command
 # label = "com.example.mlx-server"      # launchd
+# plist = "~/Library/LaunchAgents/com.example.mlx-server.plist"    # launchd, for bootstrap
 # unit = "mlx-server.service"           # systemd --user
 # command = ["mlx_lm.server", "--model", "...", "--port", "8080"]   # process
 # restart_command = ["/usr/local/bin/restart-mlx"]                 # command
@@ -666,6 +675,8 @@ url = "http://127.0.0.1:8080"
 # drain_timeout = "2m"
 # drain_command = ["/usr/local/bin/lb", "drain", "mlx"]
 # undrain_command = ["/usr/local/bin/lb", "undrain", "mlx"]
+# command_timeout = "2m"        # for restart_command and the drain commands
+# stop_grace = "10s"            # manager = "process": SIGTERM, then SIGKILL after this
 """
 
 

@@ -1,0 +1,273 @@
+"""The daemon: one APScheduler job per server, transitions, triggers, signals and reloads.
+
+Signal handlers only set a flag; a control thread does the work (stop the scheduler, reload
+the config), so nothing heavy ever runs inside a handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.blocking import BlockingScheduler
+
+from .alerts import Alerter, Notify, apprise_notify
+from .config import Config, ConfigError, ServerConfig, load_config
+from .evidence import Inspector, ProcessTable
+from .heal import Healer, Watch
+from .managers import System, make_manager
+from .probe import Probe, check_models
+from .store import Store
+from .verdict import Observation, Verdict, judge
+
+log = logging.getLogger("mlx_watchdog")
+
+STOP_TIMEOUT = 20.0
+BAD = ("wedged", "dead", "down")
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        system: System | None = None,
+        table: ProcessTable | None = None,
+        notify: Notify = apprise_notify,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.system = system or System()
+        self.table = table or ProcessTable()
+        self.clock = clock
+        self.state_dir = config.watchdog.state_dir
+        self.store = Store(self.state_dir / "history.db", clock=clock)
+        self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._wake = threading.Event()
+        self._active = 0
+        self._active_cv = threading.Condition()
+        self.healer = Healer(
+            self.store,
+            self.alerter,
+            system=self.system,
+            table=self.table,
+            clock=clock,
+            stopping=self._stop.is_set,
+        )
+        self.watches: dict[str, Watch] = {}
+        self.scheduler: BlockingScheduler | None = None
+        for server in config.servers:
+            self.watches[server.name] = self._watch(server)
+
+    # -- one server, one tick ---------------------------------------------------------------
+
+    def _watch(self, server: ServerConfig) -> Watch:
+        w = Watch(
+            server=server,
+            manager=make_manager(server, self.system, self.state_dir),
+            inspector=Inspector(server, table=self.table, clock=self.clock),
+        )
+        now = self.clock()
+        incident = self.store.open_incident_for(server.name)
+        if incident is not None:
+            w.incident, w.incident_opened = incident.id, incident.opened_at
+        w.needs_person = self.store.held(server.name)
+        for r in self.store.interrupt_unfinished(server.name, now):
+            self.healer.emit(
+                w,
+                "interrupted",
+                f"a restart begun at {time.ctime(r.at)} never "
+                "finished (the watchdog stopped); it counts against the budget",
+            )
+        return w
+
+    def tick(self, name: str) -> Verdict | None:
+        """Judge one server once: start a probe, or judge the age of the one in flight."""
+        w = self.watches[name]
+        server = w.server
+        if w.probe is None:
+            w.probe = Probe(server, clock=self.clock).start()
+            w.models = check_models(server, clock=self.clock)
+            # Most probes end in milliseconds; judge those in this tick.
+            w.probe.wait(min(server.probe.slow_after, self.config.watchdog.interval / 2))
+        probe = w.probe
+        snap = probe.snapshot()
+        exclude = [probe.local_address] if probe.local_address else []
+        process = w.inspector.sample(w.manager.pid(), exclude=exclude)
+        if snap.done:
+            w.probe = None  # the next tick sends a new one; never two in flight
+        verdict = judge(Observation(snap, process, w.models), server.probe, self.clock())
+        if verdict is None:
+            return w.verdict
+        self.store.record_probe(name, self.clock(), verdict.state, verdict.reason, verdict.evidence)
+        self._transition(w, verdict)
+        return w.verdict
+
+    def _transition(self, w: Watch, v: Verdict) -> None:
+        before = w.verdict.state if w.verdict else None
+        w.verdict = v
+        now = self.clock()
+        if before != v.state:
+            log.info("%s %s", w.server.name, v.reason)
+        if v.state in ("healthy", "slow"):
+            self.healer.recovered(w, now, recover_s=None, how="recovered by itself")
+            return
+        if v.state not in BAD:
+            return
+        if w.incident is None:
+            w.incident = self.store.open_incident(w.server.name, now, v.state, v.reason, v.evidence)
+            w.incident_opened = now
+            self.healer.emit(w, "detected", v.reason, **_brief(v))
+        trigger = None
+        if v.state == "wedged":
+            trigger = "wedged"
+        elif v.state == "dead":
+            w.dead_streak += 1
+            trigger = "dead" if w.dead_streak >= 2 else None
+        else:
+            w.dead_streak = 0
+        if v.state == "down":
+            w.down_since = w.down_since or now
+            if now - w.down_since >= w.server.probe.startup_grace:
+                trigger = "down"
+        else:
+            w.down_since = None
+        if trigger is not None:
+            self.healer.heal(w, trigger, v.reason)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _job(self, name: str) -> None:
+        if self._stop.is_set():
+            return
+        with self._active_cv:
+            self._active += 1
+        try:
+            self.tick(name)
+        except Exception:  # a fault in one tick must not stop the probing
+            log.exception("%s tick failed; probing goes on", name)
+        finally:
+            with self._active_cv:
+                self._active -= 1
+                self._active_cv.notify_all()
+
+    def _schedule(self) -> None:
+        assert self.scheduler is not None
+        for job in self.scheduler.get_jobs():
+            job.remove()
+        now = datetime.now(UTC)
+        for name in self.watches:
+            self.scheduler.add_job(
+                self._job,
+                "interval",
+                args=[name],
+                id=name,
+                seconds=self.config.watchdog.interval,
+                next_run_time=now,
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=None,
+            )
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run in the foreground until SIGTERM/SIGINT (or `stop()`); SIGHUP reloads."""
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
+        self.scheduler = BlockingScheduler(
+            executors={"default": ThreadPoolExecutor(max(4, 2 * len(self.watches)))}
+        )
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+        for w in self.watches.values():
+            w.manager.start()
+        self._schedule()
+        control = threading.Thread(target=self._control, name="control", daemon=True)
+        control.start()
+        log.info("watching %s every %gs", ", ".join(self.watches), self.config.watchdog.interval)
+        try:
+            self.scheduler.start()
+        finally:
+            self._finish()
+        return 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self._wake.set()
+
+    def _control(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                assert self.scheduler is not None
+                self.scheduler.shutdown(wait=False)
+                return
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+
+    def reload(self) -> bool:
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running config: %s", exc)
+            return False
+        old = {s.name: s for s in self.config.servers}
+        fresh = {s.name: s for s in new.servers}
+        for name in old.keys() - fresh.keys():
+            self.watches.pop(name).manager.stop()
+        for name, server in fresh.items():
+            if old.get(name) != server:
+                previous = self.watches.pop(name, None)
+                if previous is not None:
+                    previous.manager.stop()
+                self.watches[name] = self._watch(server)
+                self.watches[name].manager.start()
+        self.config = new
+        if self.scheduler is not None:
+            self._schedule()
+        log.info("config reloaded: watching %s", ", ".join(self.watches))
+        return True
+
+    def _finish(self) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + STOP_TIMEOUT
+        with self._active_cv:
+            while self._active and time.monotonic() < deadline:
+                self._active_cv.wait(deadline - time.monotonic())
+        for w in self.watches.values():
+            if w.probe is not None:
+                w.probe.abort()
+            w.manager.stop()
+        self.alerter.close(timeout=5.0)
+        self.store.close()
+        log.info("stopped")
+
+
+def _brief(v: Verdict) -> dict[str, object]:
+    keys = (
+        "waited_s",
+        "bytes",
+        "tokens",
+        "abandoned_connections",
+        "live_connections",
+        "cpu_percent",
+        "models_status",
+        "pid",
+    )
+    return {k: v.evidence.get(k) for k in keys}

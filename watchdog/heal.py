@@ -1,0 +1,238 @@
+"""The one restart path, for the daemon's triggers and a manual restart alike.
+
+budget -> identity check -> drain -> restart through the manager -> wait for a token -> undrain
+-> record. The restart is written to the history *before* the manager acts, so a watchdog killed
+mid-restart still counts it against the budget when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from .alerts import Alerter, Event
+from .budget import decide
+from .config import ServerConfig
+from .evidence import Inspector, ProcessTable
+from .managers import Manager, ManagerError, NoManager, Outcome, System, identity_problem
+from .probe import DOWN_FINDINGS, OK, ModelsCheck, Probe
+from .store import Store
+from .verdict import Verdict
+
+log = logging.getLogger("mlx_watchdog")
+
+RETRY_PAUSE = 0.5
+
+
+@dataclass
+class Watch:
+    """What the daemon keeps about one server between ticks. Only its own job touches it."""
+
+    server: ServerConfig
+    manager: Manager
+    inspector: Inspector
+    probe: Probe | None = None
+    models: ModelsCheck | None = None
+    verdict: Verdict | None = None
+    dead_streak: int = 0
+    down_since: float | None = None
+    incident: int | None = None
+    incident_opened: float | None = None
+    needs_person: str | None = None
+    draining: bool = False
+    restarting: bool = False
+    last_token_at: float | None = None
+    said: set[str] = field(default_factory=set)  # one alert per kind per incident
+
+
+class Healer:
+    def __init__(
+        self,
+        store: Store,
+        alerter: Alerter,
+        *,
+        system: System | None = None,
+        table: ProcessTable | None = None,
+        clock: Callable[[], float] = time.time,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.store = store
+        self.alerter = alerter
+        self.system = system or System()
+        self.table = table or ProcessTable()
+        self.clock = clock
+        self.stopping = stopping
+
+    def emit(self, w: Watch, kind: str, message: str, **data: object) -> None:
+        now = self.clock()
+        state = w.verdict.state if w.verdict else None
+        log.log(
+            logging.ERROR
+            if kind in ("restart_failed", "budget_spent", "refused")
+            else logging.WARNING,
+            "%s %s: %s",
+            w.server.name,
+            kind,
+            message,
+        )
+        self.store.add_event(w.server.name, now, kind, message, dict(data))
+        self.alerter.send(Event(kind, w.server.name, now, message, state, dict(data)))
+
+    def heal(self, w: Watch, trigger: str, reason: str) -> bool:
+        """Restart the server if the budget and the identity check allow; True when it serves."""
+        server = w.server
+        now = self.clock()
+        if isinstance(w.manager, NoManager):
+            return False
+        restarts = [r.at for r in self.store.restarts(server.name, now - server.restart.window)]
+        decision = decide(server.restart, restarts, now)
+        if decision.spent:
+            if w.needs_person is None:
+                w.needs_person = (
+                    f"{decision.used} restarts in the last {server.restart.window:g}s did not help"
+                )
+                self.store.hold(server.name, now, w.needs_person)
+                self.emit(
+                    w,
+                    "budget_spent",
+                    f"{w.needs_person}; a person is needed "
+                    f"(still probing; a healthy probe ends the hold)",
+                )
+            return False
+        if not decision.allowed:
+            log.info(
+                "%s backing off: next restart not before %.0f s from now",
+                server.name,
+                (decision.not_before or now) - now,
+            )
+            return False
+
+        pid = w.manager.pid()
+        if pid is None and w.manager.kind == "command":
+            pid = self.table.listener(server.port)
+        problem = identity_problem(server, pid, self.table)
+        if problem is not None:
+            if "refused" not in w.said:
+                w.said.add("refused")
+                self.emit(w, "refused", f"not restarting: {problem}", pid=pid)
+            return False
+
+        if server.restart.drain:
+            self._drain(w)
+        if w.probe is not None:
+            w.probe.abort()  # its server is about to be replaced
+            w.probe = None
+        started = self.clock()
+        rid = self.store.start_restart(server.name, started, trigger)
+        w.restarting = True
+        self.emit(
+            w,
+            "restarting",
+            f"restarting through {w.manager.kind} ({reason})",
+            trigger=trigger,
+            pid=pid,
+        )
+        try:
+            try:
+                outcome = w.manager.restart()
+            except (ManagerError, OSError) as exc:
+                outcome = Outcome(False, str(exc))
+            served_at = self._await_token(server, started) if outcome.ok else None
+        finally:
+            w.restarting = False
+            if w.draining:
+                self._undrain(w)
+        done = self.clock()
+        result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
+        self.store.finish_restart(rid, done, result)
+        self.store.add_action(
+            w.incident,
+            {
+                "at": started,
+                "action": f"restart ({w.manager.kind})",
+                "trigger": trigger,
+                "outcome": result,
+                "detail": outcome.detail,
+                "steps": list(outcome.steps),
+            },
+        )
+        if served_at is not None:
+            self.recovered(w, served_at, recover_s=served_at - started, how="restarted")
+            return True
+        if result == "interrupted":
+            self.emit(w, "interrupted", "the watchdog stopped during the restart")
+        else:
+            why = (
+                outcome.detail
+                if not outcome.ok
+                else (f"no token within startup_grace ({server.probe.startup_grace:g}s)")
+            )
+            self.emit(w, "restart_failed", why, steps=list(outcome.steps))
+        return False
+
+    def recovered(self, w: Watch, at: float, *, recover_s: float | None, how: str) -> None:
+        w.dead_streak = 0
+        w.down_since = None
+        w.last_token_at = at
+        if w.needs_person is not None:
+            self.store.release(w.server.name)
+            w.needs_person = None
+        if w.incident is None:
+            return
+        outage = at - (w.incident_opened or at)
+        self.store.close_incident(w.incident, at, how, recover_s)
+        timing = f"outage {outage:.1f} s" + (
+            f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
+        )
+        self.emit(
+            w,
+            "recovered",
+            f"serving again ({how}); {timing}",
+            outage_s=round(outage, 3),
+            recover_s=None if recover_s is None else round(recover_s, 3),
+        )
+        w.incident = None
+        w.incident_opened = None
+        w.said.clear()
+
+    def _await_token(self, server: ServerConfig, started: float) -> float | None:
+        """Probe until a token comes (also warming the prompt cache) or startup_grace ends."""
+        deadline = started + server.probe.startup_grace
+        while not self.stopping():
+            left = deadline - self.clock()
+            if left <= 0:
+                return None
+            probing = replace(server, probe=replace(server.probe, hard_timeout=left))
+            snap = Probe(probing, clock=self.clock).run()
+            if snap.finding == OK:
+                return snap.first_token_at or self.clock()
+            if snap.finding in DOWN_FINDINGS or snap.finding == "reset":
+                self.system.sleep(RETRY_PAUSE)  # not listening yet
+            else:
+                self.system.sleep(RETRY_PAUSE * 2)
+        return None
+
+    def _drain(self, w: Watch) -> None:
+        w.draining = True
+        settings = w.server.restart
+        if settings.drain_command:
+            code, out = self.system.run(settings.drain_command, settings.command_timeout)
+            if code != 0:
+                log.error("%s drain_command exited %d: %s", w.server.name, code, out[-200:])
+        deadline = self.clock() + settings.drain_timeout
+        while self.clock() < deadline and not self.stopping():
+            live = w.inspector.sample(w.manager.pid()).live
+            if not live:
+                return
+            self.system.sleep(1.0)
+        log.warning("%s drain_timeout reached with clients still connected", w.server.name)
+
+    def _undrain(self, w: Watch) -> None:
+        settings = w.server.restart
+        if settings.undrain_command:
+            code, out = self.system.run(settings.undrain_command, settings.command_timeout)
+            if code != 0:
+                log.error("%s undrain_command exited %d: %s", w.server.name, code, out[-200:])
+        w.draining = False

@@ -1,0 +1,169 @@
+"""Restart managers: how a server is restarted, behind one small interface.
+
+Every side effect (running launchctl, spawning, signalling) goes through `System`, so tests can
+put fake service managers on PATH or replace the whole object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+import psutil
+
+from ..config import ServerConfig
+from ..evidence import ProcessTable
+
+
+class ManagerError(Exception):
+    """A manager could not do what was asked; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    detail: str
+    steps: tuple[str, ...] = ()
+
+
+class System:
+    """The operating system, as the managers use it."""
+
+    clock: Callable[[], float] = staticmethod(time.time)
+    sleep: Callable[[float], None] = staticmethod(time.sleep)
+
+    def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        """Run a command without a shell: (exit code, stdout and stderr)."""
+        try:
+            proc = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError:
+            return 127, f"{argv[0]}: command not found"
+        except subprocess.TimeoutExpired:
+            return 124, f"{argv[0]}: no answer within {timeout:g}s"
+        return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes] | None
+    ) -> subprocess.Popen[bytes]:
+        """Start a process in its own process group (so it can be stopped as a whole)."""
+        return subprocess.Popen(
+            list(argv),
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill_group(self, pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+
+    def uid(self) -> int:
+        return os.getuid()
+
+    def alive(self, pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+class Manager(Protocol):
+    kind: str
+
+    def pid(self) -> int | None:
+        """The server's PID as the manager knows it, or None."""
+
+    def restart(self) -> Outcome:
+        """Replace the server process; the caller then waits for it to serve."""
+
+    def start(self) -> None:
+        """The daemon starts: a manager that owns the process starts (or adopts) it."""
+
+    def stop(self) -> None:
+        """The daemon stops: a manager that owns the process stops it."""
+
+
+def wait_for(check: Callable[[], bool], timeout: float, system: System, step: float = 0.2) -> bool:
+    deadline = system.clock() + timeout
+    while True:
+        if check():
+            return True
+        if system.clock() >= deadline:
+            return False
+        system.sleep(step)
+
+
+def identity_problem(server: ServerConfig, pid: int | None, table: ProcessTable) -> str | None:
+    """Why `pid` must not be signalled as this server, or None when it is safe.
+
+    The PID must hold the listening socket on the server's port (when anything does) and its
+    command line must contain `match`.
+    """
+    if pid is None:
+        return None
+    try:
+        listener = table.listener(server.port)
+        proc = table.process(pid)
+        cmdline = " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return None  # gone already: nothing will be signalled
+    except (psutil.AccessDenied, psutil.ZombieProcess, OSError) as exc:
+        return f"cannot inspect PID {pid} ({type(exc).__name__}), so it is not signalled"
+    if listener is not None and listener != pid:
+        return (
+            f"PID {pid} does not hold port {server.port} (PID {listener} does); "
+            "check the manager's label or unit"
+        )
+    if server.match not in cmdline:
+        return f'PID {pid} runs "{cmdline[:120]}", which does not contain match = "{server.match}"'
+    return None
+
+
+class NoManager:
+    """Observe and alert only."""
+
+    kind = "none"
+
+    def pid(self) -> int | None:
+        return None
+
+    def restart(self) -> Outcome:
+        return Outcome(False, 'manager = "none": the watchdog observes and alerts only')
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def make_manager(server: ServerConfig, system: System, state_dir: Path) -> Manager:
+    from .command import CommandManager
+    from .launchd import LaunchdManager
+    from .process import ProcessManager
+    from .systemd import SystemdManager
+
+    if server.manager == "launchd":
+        return LaunchdManager(server, system)
+    if server.manager == "systemd":
+        return SystemdManager(server, system)
+    if server.manager == "process":
+        return ProcessManager(server, system, state_dir / f"process-{server.name}.json")
+    if server.manager == "command":
+        return CommandManager(server, system)
+    return NoManager()
