@@ -207,3 +207,106 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
     yield start
     for server in started:
         server.stop()
+
+
+# -- the daemon's surroundings -------------------------------------------------------------
+
+
+def until(check: Callable[[], object], timeout: float, what: str, step: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+class Receiver:
+    """A local webhook that Apprise's json:// URLs post to."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        received: list[dict[str, object]] = []
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append({"path": self.path, **json.loads(body)})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "hook") -> str:
+        return f"json://127.0.0.1:{self.port}/{path}"
+
+    def titles(self) -> list[str]:
+        return [str(r["title"]) for r in self.received]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> tuple[list[str], Path]:
+    """An on_event command that appends each event's JSON (from stdin) to a file."""
+    out = tmp_path / "hook-events.jsonl"
+    script = tmp_path / "hook.py"
+    script.write_text(
+        "import sys\n"
+        f"with open({str(out)!r}, 'a') as fh:\n"
+        "    fh.write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n"
+    )
+    return [sys.executable, str(script)], out
+
+
+class DaemonThread:
+    def __init__(self, daemon: object) -> None:
+        import threading
+
+        from watchdog.daemon import Daemon
+
+        assert isinstance(daemon, Daemon)
+        self.daemon = daemon
+        self.thread = threading.Thread(target=lambda: daemon.run(install_signals=False),
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the daemon did not stop"
+
+
+@pytest.fixture
+def run_daemon() -> Iterator[Callable[[object], DaemonThread]]:
+    running: list[DaemonThread] = []
+
+    def start(daemon: object) -> DaemonThread:
+        t = DaemonThread(daemon)
+        running.append(t)
+        return t
+
+    yield start
+    for t in running:
+        if t.thread.is_alive():
+            t.stop()

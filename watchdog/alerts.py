@@ -62,15 +62,16 @@ Notify = Callable[[str, str, str], bool]  # (url, title, body) -> delivered
 
 
 def apprise_notify(url: str, title: str, body: str) -> bool:
+    # Apprise loads its plugins on first use, and one imports the deprecated imghdr.
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # apprise imports imghdr on 3.11+
+        warnings.simplefilter("ignore", DeprecationWarning)
         import apprise
 
-    sender = apprise.Apprise()
-    if not sender.add(url):
-        log.error("alert URL %s is not one Apprise knows", mask_url(url))
-        return False
-    return bool(sender.notify(title=title, body=body))
+        sender = apprise.Apprise()
+        if not sender.add(url):
+            log.error("alert URL %s is not one Apprise knows", mask_url(url))
+            return False
+        return bool(sender.notify(title=title, body=body))
 
 
 class Alerter:

@@ -502,10 +502,7 @@ def _parse_argv(value: object, where: str) -> tuple[str, ...]:
             f"{where} = {_show(value)} must be a list of arguments, "
             f"like {json.dumps(value.split())} (it runs without a shell)"
         )
-    argv = _parse_str_list(value, where)
-    if not argv:
-        raise ValueError(f"{where} = [] is empty; leave it out instead")
-    return argv
+    return _parse_str_list(value, where)  # [] means not set
 
 
 def _parse_env(value: object, where: str) -> dict[str, str]:

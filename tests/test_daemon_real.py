@@ -1,0 +1,104 @@
+"""The daemon against the real mlx_lm.server, which it runs itself (manager = "process")."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import DaemonThread, Receiver, free_port, until
+from tests.test_real_server import long_prompt, send
+from watchdog.config import parse_config
+from watchdog.daemon import Daemon
+
+pytestmark = pytest.mark.real_server
+
+
+def process_config(tmp_path: Path, tiny_model: Path, hf_cache: Path, alerts: list[str],
+                   hook: list[str]) -> dict[str, object]:
+    port = free_port()
+    return {
+        "watchdog": {"interval": "1s", "state_dir": str(tmp_path / "state"), "alerts": alerts,
+                     "on_event": hook},
+        "server": [{
+            "name": "tiny",
+            "url": f"http://127.0.0.1:{port}",
+            "manager": "process",
+            "command": [sys.executable, "-m", "mlx_lm", "server", "--model", str(tiny_model),
+                        "--port", str(port), "--draft-model", str(tiny_model),
+                        "--max-tokens", "16"],
+            "env": {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"},
+            "log_file": str(tmp_path / "server.log"),
+            "probe": {"slow_after": "2s", "wedge_after": "4s", "max_busy": "2m",
+                      "startup_grace": "90s", "hard_timeout": "10m"},
+            "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
+        }],
+    }
+
+
+def state(t: DaemonThread) -> str | None:
+    v = t.daemon.watches["tiny"].verdict
+    return v.state if v else None
+
+
+def test_abandoned_wedge_is_healed_once_and_reported(
+    tmp_path: Path, tiny_model: Path, hf_cache: Path, receiver: Receiver,
+    hook: tuple[list[str], Path], run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    argv, hook_out = hook
+    config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [receiver.url()], argv))
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    w = t.daemon.watches["tiny"]
+    first_pid = w.manager.pid()
+    assert first_pid is not None
+
+    assert send(config.servers[0].url, long_prompt(11), timeout=2.0) == "gave up"
+    until(lambda: w.incident is None and t.daemon.store.incidents(0.0), 120,
+          "the incident to be opened and closed")
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert incident.state == "wedged" and incident.outcome == "restarted"
+    assert incident.evidence["abandoned_connections"] >= 1
+    assert incident.outage_s is not None and incident.recover_s is not None
+    assert 0 < incident.recover_s <= incident.outage_s
+    assert [a["outcome"] for a in incident.actions] == ["recovered"]
+    restarts = t.daemon.store.restarts("tiny", 0.0)
+    assert [(r.trigger, r.outcome) for r in restarts] == [("wedged", "recovered")]
+    new_pid = w.manager.pid()
+    assert new_pid is not None and new_pid != first_pid and not psutil.pid_exists(first_pid)
+
+    t.daemon.alerter.flush()
+    assert receiver.titles() == ["tiny is wedged", "restarting tiny", "tiny recovered"]
+    assert "abandoned" in str(receiver.received[0]["message"])
+    assert "time to recover" in str(receiver.received[2]["message"])
+    events = [json.loads(line) for line in hook_out.read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["detected", "restarting", "recovered"]
+    assert events[2]["data"]["recover_s"] == pytest.approx(incident.recover_s, abs=0.01)
+
+    t.stop()
+    assert not psutil.pid_exists(new_pid) or psutil.Process(new_pid).status() == "zombie"
+
+
+def test_a_patient_client_is_not_restarted(
+    tmp_path: Path, tiny_model: Path, hf_cache: Path, run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    outcome: list[str] = []
+    client = threading.Thread(target=lambda: outcome.append(
+        send(config.servers[0].url, long_prompt(12), timeout=300)))
+    client.start()
+    until(lambda: state(t) == "busy", 30, "the daemon to see the server busy")
+    client.join(300)
+    assert outcome == ["served"]
+    until(lambda: state(t) == "healthy", 30, "healthy again")
+    assert t.daemon.store.restarts("tiny", 0.0) == []
+    assert t.daemon.store.incidents(0.0) == []
+    states = {row["state"] for row in t.daemon.store.probes("tiny", 0.0)}
+    assert "busy" in states and not states & {"wedged", "dead", "down"}
