@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -287,8 +288,9 @@ class DaemonThread:
 
         assert isinstance(daemon, Daemon)
         self.daemon = daemon
-        self.thread = threading.Thread(target=lambda: daemon.run(install_signals=False),
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: daemon.run(install_signals=False), daemon=True
+        )
         self.thread.start()
 
     def stop(self) -> None:
@@ -310,3 +312,54 @@ def run_daemon() -> Iterator[Callable[[object], DaemonThread]]:
     for t in running:
         if t.thread.is_alive():
             t.stop()
+
+
+class FakeServices:
+    """The fake launchctl/systemctl on PATH, and their job table."""
+
+    def __init__(self, root: Path) -> None:
+        import json
+
+        self.json = json
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.state = root / "svc-state.json"
+        self.log = root / "svc-calls.jsonl"
+        for name in ("launchctl", "systemctl"):
+            exe = self.bin / name
+            exe.write_text(
+                f"#!{sys.executable}\nimport sys\n"
+                f"sys.path.insert(0, {str(TESTS / 'fakes')!r})\n"
+                f"import fakesvc\nsys.exit(fakesvc.main({name!r}))\n"
+            )
+            exe.chmod(0o755)
+
+    def table(self) -> dict[str, dict[str, dict[str, object]]]:
+        return self.json.loads(self.state.read_text()) if self.state.exists() else {}
+
+    def save(self, table: dict[str, dict[str, dict[str, object]]]) -> None:
+        self.state.write_text(self.json.dumps(table))
+
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [self.json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def pids(self) -> list[int]:
+        return [
+            int(j["pid"]) for kind in self.table().values() for j in kind.values() if j.get("pid")
+        ]
+
+
+@pytest.fixture
+def fake_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServices]:
+    import signal
+
+    fakes = FakeServices(tmp_path)
+    monkeypatch.setenv("PATH", f"{fakes.bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SVC_STATE", str(fakes.state))
+    monkeypatch.setenv("FAKE_SVC_LOG", str(fakes.log))
+    yield fakes
+    for pid in fakes.pids():  # only the job processes this test's fakes started
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

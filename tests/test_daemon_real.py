@@ -19,25 +19,48 @@ from watchdog.daemon import Daemon
 pytestmark = pytest.mark.real_server
 
 
-def process_config(tmp_path: Path, tiny_model: Path, hf_cache: Path, alerts: list[str],
-                   hook: list[str]) -> dict[str, object]:
+def process_config(
+    tmp_path: Path, tiny_model: Path, hf_cache: Path, alerts: list[str], hook: list[str]
+) -> dict[str, object]:
     port = free_port()
     return {
-        "watchdog": {"interval": "1s", "state_dir": str(tmp_path / "state"), "alerts": alerts,
-                     "on_event": hook},
-        "server": [{
-            "name": "tiny",
-            "url": f"http://127.0.0.1:{port}",
-            "manager": "process",
-            "command": [sys.executable, "-m", "mlx_lm", "server", "--model", str(tiny_model),
-                        "--port", str(port), "--draft-model", str(tiny_model),
-                        "--max-tokens", "16"],
-            "env": {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"},
-            "log_file": str(tmp_path / "server.log"),
-            "probe": {"slow_after": "2s", "wedge_after": "4s", "max_busy": "2m",
-                      "startup_grace": "90s", "hard_timeout": "10m"},
-            "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
-        }],
+        "watchdog": {
+            "interval": "1s",
+            "state_dir": str(tmp_path / "state"),
+            "alerts": alerts,
+            "on_event": hook,
+        },
+        "server": [
+            {
+                "name": "tiny",
+                "url": f"http://127.0.0.1:{port}",
+                "manager": "process",
+                "command": [
+                    sys.executable,
+                    "-m",
+                    "mlx_lm",
+                    "server",
+                    "--model",
+                    str(tiny_model),
+                    "--port",
+                    str(port),
+                    "--draft-model",
+                    str(tiny_model),
+                    "--max-tokens",
+                    "16",
+                ],
+                "env": {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"},
+                "log_file": str(tmp_path / "server.log"),
+                "probe": {
+                    "slow_after": "2s",
+                    "wedge_after": "4s",
+                    "max_busy": "2m",
+                    "startup_grace": "90s",
+                    "hard_timeout": "10m",
+                },
+                "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
+            }
+        ],
     }
 
 
@@ -47,8 +70,12 @@ def state(t: DaemonThread) -> str | None:
 
 
 def test_abandoned_wedge_is_healed_once_and_reported(
-    tmp_path: Path, tiny_model: Path, hf_cache: Path, receiver: Receiver,
-    hook: tuple[list[str], Path], run_daemon: Callable[[object], DaemonThread],
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    receiver: Receiver,
+    hook: tuple[list[str], Path],
+    run_daemon: Callable[[object], DaemonThread],
 ) -> None:
     argv, hook_out = hook
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [receiver.url()], argv))
@@ -59,8 +86,11 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     assert first_pid is not None
 
     assert send(config.servers[0].url, long_prompt(11), timeout=2.0) == "gave up"
-    until(lambda: w.incident is None and t.daemon.store.incidents(0.0), 120,
-          "the incident to be opened and closed")
+    until(
+        lambda: w.incident is None and t.daemon.store.incidents(0.0),
+        120,
+        "the incident to be opened and closed",
+    )
     (incident,) = t.daemon.store.incidents(0.0)
     assert incident.state == "wedged" and incident.outcome == "restarted"
     assert incident.evidence["abandoned_connections"] >= 1
@@ -85,14 +115,18 @@ def test_abandoned_wedge_is_healed_once_and_reported(
 
 
 def test_a_patient_client_is_not_restarted(
-    tmp_path: Path, tiny_model: Path, hf_cache: Path, run_daemon: Callable[[object], DaemonThread],
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
 ) -> None:
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
     t = run_daemon(Daemon(config))
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     outcome: list[str] = []
-    client = threading.Thread(target=lambda: outcome.append(
-        send(config.servers[0].url, long_prompt(12), timeout=300)))
+    client = threading.Thread(
+        target=lambda: outcome.append(send(config.servers[0].url, long_prompt(12), timeout=300))
+    )
     client.start()
     until(lambda: state(t) == "busy", 30, "the daemon to see the server busy")
     client.join(300)

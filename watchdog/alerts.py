@@ -20,6 +20,9 @@ from typing import Any
 from .config import mask_url
 
 log = logging.getLogger("mlx_watchdog.alerts")
+# Apprise logs the URLs it cannot parse or reach, and those URLs carry tokens: keep it quiet and
+# report failures ourselves, with the URL masked.
+logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)
 
 KINDS = (
     "detected",

@@ -197,8 +197,9 @@ def run(config_path: Path | None) -> None:
 
 def setup_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
-                                           "%Y-%m-%dT%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+    )
     root = logging.getLogger("mlx_watchdog")
     root.addHandler(handler)
     root.setLevel(logging.INFO)

@@ -83,6 +83,7 @@ class Store:
         self.problem: str | None = None  # the last trouble, for status output
         self._lock = threading.RLock()
         self._writes = 0
+        self._closed = False
         self._db = self._open()
 
     # -- opening and guarding ---------------------------------------------------------------
@@ -155,6 +156,8 @@ class Store:
 
     def _guard(self, default: T, work: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
+            if self._closed:  # a job still finishing after shutdown: nothing to write to
+                return default
             for attempt in (1, 2):
                 try:
                     return work(self._db)
@@ -194,6 +197,7 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._db.close()
 
     # -- probes -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,20 +41,28 @@ class System:
     sleep: Callable[[float], None] = staticmethod(time.sleep)
 
     def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
-        """Run a command without a shell: (exit code, stdout and stderr)."""
-        try:
-            proc = subprocess.run(
-                list(argv),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
-        except FileNotFoundError:
-            return 127, f"{argv[0]}: command not found"
-        except subprocess.TimeoutExpired:
-            return 124, f"{argv[0]}: no answer within {timeout:g}s"
-        return proc.returncode, (proc.stdout + proc.stderr).strip()
+        """Run a command without a shell: (exit code, its output).
+
+        Output goes to a file, not a pipe: a command that leaves a daemon behind (which keeps
+        the pipe open) would otherwise hold the watchdog until the timeout.
+        """
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.Popen(
+                    list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                )
+            except FileNotFoundError:
+                return 127, f"{argv[0]}: command not found"
+            except PermissionError:
+                return 126, f"{argv[0]}: permission denied"
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return 124, f"{argv[0]}: no answer within {timeout:g}s"
+            out.seek(0)
+            return code, out.read().decode(errors="replace").strip()
 
     def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes] | None

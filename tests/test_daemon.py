@@ -1,0 +1,312 @@
+"""The daemon against the misbehaving server, fake service managers and its own crashes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import TESTS, DaemonThread, Receiver, free_port, until
+from watchdog.budget import decide
+from watchdog.config import parse_config
+from watchdog.daemon import Daemon
+from watchdog.store import Store
+
+RESTART = [sys.executable, str(TESTS / "fakes" / "restart_bad.py")]
+FAST_PROBE = {
+    "slow_after": "300ms",
+    "wedge_after": "1s",
+    "max_busy": "2s",
+    "startup_grace": "5s",
+    "hard_timeout": "1m",
+}
+
+
+class BadByPidfile:
+    """A bad server started (and replaced) through restart_bad.py, tracked by its pid file."""
+
+    def __init__(self, tmp_path: Path, mode: str) -> None:
+        self.port = free_port()
+        self.pidfile = tmp_path / "bad.pid"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.replace(mode)
+
+    def replace(self, mode: str) -> None:
+        subprocess.run([*RESTART, str(self.pidfile), str(self.port), mode], check=True)
+        until(lambda: _listens(self.port), 10, "the bad server to listen")
+
+    def pid(self) -> int:
+        return int(self.pidfile.read_text())
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.kill(self.pid(), signal.SIGKILL)
+
+
+def _listens(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def hanging(tmp_path: Path) -> Iterator[BadByPidfile]:
+    bad = BadByPidfile(tmp_path, "hang")
+    yield bad
+    bad.kill()
+
+
+def command_config(
+    tmp_path: Path,
+    bad: BadByPidfile,
+    *,
+    delay: float = 0.0,
+    alerts: list[str] | None = None,
+    hook: list[str] | None = None,
+) -> dict[str, object]:
+    return {
+        "watchdog": {
+            "interval": "200ms",
+            "state_dir": str(tmp_path / "state"),
+            "alerts": alerts or [],
+            "on_event": hook or [],
+        },
+        "server": [
+            {
+                "name": "bad",
+                "url": bad.url,
+                "manager": "command",
+                "match": "badserver",
+                "restart_command": [*RESTART, str(bad.pidfile), str(bad.port), "ok", str(delay)],
+                "probe": FAST_PROBE,
+                "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
+            }
+        ],
+    }
+
+
+def test_permanent_wedge_is_healed_through_the_command_manager(
+    tmp_path: Path,
+    hanging: BadByPidfile,
+    receiver: Receiver,
+    hook: tuple[list[str], Path],
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    argv, hook_out = hook
+    wedged_pid = hanging.pid()
+    config = parse_config(command_config(tmp_path, hanging, alerts=[receiver.url()], hook=argv))
+    t = run_daemon(Daemon(config))
+    store = t.daemon.store
+    until(lambda: any(i.closed_at for i in store.incidents(0.0)), 30, "the incident to close")
+    (incident,) = store.incidents(0.0)
+    assert incident.state == "wedged" and "no other client" in incident.reason
+    assert incident.outcome == "restarted"
+    assert [(r.trigger, r.outcome) for r in store.restarts("bad", 0.0)] == [("wedged", "recovered")]
+    assert hanging.pid() != wedged_pid
+    t.daemon.alerter.flush()
+    assert receiver.titles() == ["bad is wedged", "restarting bad", "bad recovered"]
+    kinds = [json.loads(line)["kind"] for line in hook_out.read_text().splitlines()]
+    assert kinds == ["detected", "restarting", "recovered"]
+
+
+def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
+    tmp_path: Path,
+    hook: tuple[list[str], Path],
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    argv, hook_out = hook
+    port = free_port()
+    config = parse_config(
+        {
+            "watchdog": {
+                "interval": "200ms",
+                "state_dir": str(tmp_path / "state"),
+                "on_event": argv,
+            },
+            "server": [
+                {
+                    "name": "loop",
+                    "url": f"http://127.0.0.1:{port}",
+                    "manager": "process",
+                    "match": "crash",
+                    "command": [sys.executable, "-c", "import sys; sys.exit(3)  # crash"],
+                    "probe": {**FAST_PROBE, "startup_grace": "1s"},
+                    "restart": {"max_restarts": 2, "window": "1h", "backoff": "200ms"},
+                }
+            ],
+        }
+    )
+    t = run_daemon(Daemon(config))
+    store = t.daemon.store
+    until(lambda: store.held("loop"), 30, "the budget to be spent")
+    assert [r.outcome for r in store.restarts("loop", 0.0)] == ["failed", "failed"]
+    t.daemon.alerter.flush()
+    events = [json.loads(line) for line in hook_out.read_text().splitlines()]
+    spent = [e for e in events if e["kind"] == "budget_spent"]
+    assert len(spent) == 1 and "a person is needed" in spent[0]["message"]
+    assert [e["kind"] for e in events].count("restart_failed") == 2
+
+    # Probing goes on; once something serves on the port, the hold ends.
+    ok = subprocess.Popen(
+        [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        until(lambda: store.held("loop") is None, 30, "the hold to end")
+        assert len(store.restarts("loop", 0.0)) == 2  # no restart while held
+        assert t.daemon.watches["loop"].verdict.state == "healthy"  # type: ignore[union-attr]
+    finally:
+        t.stop()
+        ok.kill()
+        ok.wait()
+
+
+def daemon_process(config_path: Path, stderr: Path) -> subprocess.Popen[bytes]:
+    with stderr.open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "watchdog", "run", "--config", str(config_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+def toml(data: dict[str, object]) -> str:
+    from watchdog.config import to_toml
+
+    return to_toml(data)
+
+
+def restarts_in(db: Path) -> list[tuple[str, str | None]]:
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT trigger, outcome FROM restarts ORDER BY id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
+    tmp_path: Path, hanging: BadByPidfile
+) -> None:
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(toml(command_config(tmp_path, hanging, delay=30.0)))
+    db = tmp_path / "state" / "history.db"
+    log = tmp_path / "daemon.log"
+    first = daemon_process(cfg, log)
+    try:
+        until(lambda: restarts_in(db) == [("wedged", None)], 30, "a restart in progress")
+        helpers = psutil.Process(first.pid).children(recursive=True)
+        first.kill()  # kill -9, mid-restart
+        first.wait()
+    finally:
+        for child in helpers if "helpers" in locals() else []:
+            child.kill()
+    # The restart took effect after all (as a slow one would), while no watchdog ran.
+    hanging.replace("ok")
+
+    second = daemon_process(cfg, log)
+    try:
+        until(lambda: "recovered" in log.read_text(), 30, "the new daemon to see it serve")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0
+    assert restarts_in(db) == [("wedged", "interrupted")]  # and no second restart
+    text = log.read_text()
+    assert "never finished" in text and text.count("restarting through") == 1
+    store = Store(db)
+    config = parse_config(command_config(tmp_path, hanging))
+    used = decide(
+        config.servers[0].restart,
+        [r.at for r in store.restarts("bad", 0.0)],
+        store.restarts("bad", 0.0)[0].at + 1,
+    ).used
+    assert used == 1  # the budget remembers the interrupted restart
+    (incident,) = store.incidents(0.0)
+    assert incident.outcome == "recovered by itself"
+
+
+def test_sighup_reloads_and_keeps_the_old_config_when_the_new_is_bad(
+    tmp_path: Path, bad_server: Callable[..., object]
+) -> None:
+    a, b = bad_server("ok"), bad_server("ok")
+    cfg = tmp_path / "w.toml"
+    base = {"watchdog": {"interval": "200ms", "state_dir": str(tmp_path / "state")}}
+    cfg.write_text(toml({**base, "server": [{"name": "a", "url": a.url}]}))  # type: ignore[attr-defined]
+    log = tmp_path / "daemon.log"
+    proc = daemon_process(cfg, log)
+    try:
+        until(lambda: "watching a every" in log.read_text(), 20, "the daemon to start")
+        cfg.write_text('[watchdog]\ninterval = "soon"\n')
+        proc.send_signal(signal.SIGHUP)
+        until(lambda: "reload refused" in log.read_text(), 20, "the bad reload to be refused")
+        assert 'watchdog.interval = "soon"' in log.read_text()
+        cfg.write_text(
+            toml(
+                {
+                    **base,
+                    "server": [
+                        {"name": "a", "url": a.url},  # type: ignore[attr-defined]
+                        {"name": "b", "url": b.url},
+                    ],
+                }
+            )
+        )  # type: ignore[attr-defined]
+        proc.send_signal(signal.SIGHUP)
+        until(lambda: "config reloaded: watching a, b" in log.read_text(), 20, "the reload")
+        until(lambda: "b healthy" in log.read_text(), 20, "the new server to be probed")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0 and log.read_text().rstrip().endswith("stopped")
+
+
+def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        toml(
+            {
+                "watchdog": {"interval": "200ms", "state_dir": str(tmp_path / "state")},
+                "server": [
+                    {
+                        "name": "p",
+                        "url": f"http://127.0.0.1:{port}",
+                        "manager": "process",
+                        "match": "badserver",
+                        "command": [
+                            sys.executable,
+                            str(TESTS / "badserver.py"),
+                            "--port",
+                            str(port),
+                            "--mode",
+                            "ok",
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    log = tmp_path / "daemon.log"
+    proc = daemon_process(cfg, log)
+    try:
+        until(lambda: "p healthy" in log.read_text(), 20, "the managed server to serve")
+        child = psutil.Process(proc.pid).children()[0].pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    assert not _listens(port)

@@ -1,0 +1,226 @@
+"""Managers against fake launchctl/systemctl on PATH that run real job processes."""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import sys
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import TESTS, FakeServices, free_port, until
+from watchdog.alerts import Alerter
+from watchdog.config import ServerConfig
+from watchdog.evidence import Inspector, ProcessTable
+from watchdog.heal import Healer, Watch
+from watchdog.managers import System, identity_problem
+from watchdog.managers.launchd import LaunchdManager
+from watchdog.managers.process import ProcessManager
+from watchdog.managers.systemd import SystemdManager
+from watchdog.store import Store
+
+LABEL = "com.example.mlx-server"
+
+
+def bad_argv(port: int, mode: str = "ok") -> list[str]:
+    return [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", mode]
+
+
+def listening(port: int) -> int | None:
+    return ProcessTable().listener(port)
+
+
+def launchd_job(fakes: FakeServices, tmp_path: Path, port: int, **extra: object) -> Path:
+    plist = tmp_path / f"{LABEL}.plist"
+    plist.write_bytes(
+        plistlib.dumps(
+            {
+                "Label": LABEL,
+                "ProgramArguments": bad_argv(port),
+                "RunAtLoad": True,
+                "KeepAlive": True,
+            }
+        )
+    )
+    fakes.save(
+        {"launchd": {LABEL: {"argv": bad_argv(port), "loaded": True, "plist": str(plist), **extra}}}
+    )
+    return plist
+
+
+def server(port: int, **kw: object) -> ServerConfig:
+    return ServerConfig(name="s", url=f"http://127.0.0.1:{port}", match="badserver", **kw)  # type: ignore[arg-type]
+
+
+def test_launchd_kickstart_replaces_the_process(
+    fake_services: FakeServices, tmp_path: Path
+) -> None:
+    port = free_port()
+    plist = launchd_job(fake_services, tmp_path, port)
+    m = LaunchdManager(server(port, manager="launchd", label=LABEL, plist=plist), System())
+    assert m.restart().ok  # the first kickstart -k starts the not yet running job
+    first = until(lambda: listening(port), 10, "the job to listen")
+    assert m.pid() == first
+    outcome = m.restart()
+    assert outcome.ok, outcome.detail
+    second = until(lambda: listening(port), 10, "the new job to listen")
+    assert second != first and m.pid() == second
+    uid = os.getuid()
+    assert ["launchctl", "kickstart", "-k", f"gui/{uid}/{LABEL}"] in fake_services.calls()
+    assert not any(c[1] == "bootout" for c in fake_services.calls())
+
+
+def test_launchd_throttled_job_escalates_to_bootout_and_bootstrap(
+    fake_services: FakeServices, tmp_path: Path
+) -> None:
+    port = free_port()
+    plist = launchd_job(fake_services, tmp_path, port)
+    m = LaunchdManager(server(port, manager="launchd", label=LABEL, plist=plist), System())
+    m.restart()
+    first = until(lambda: listening(port), 10, "the job to listen")
+    table = fake_services.table()
+    table["launchd"][LABEL]["throttled"] = True
+    fake_services.save(table)
+
+    import watchdog.managers.launchd as mod
+
+    mod.REPLACE_TIMEOUT, saved = 1.0, mod.REPLACE_TIMEOUT
+    try:
+        outcome = m.restart()
+    finally:
+        mod.REPLACE_TIMEOUT = saved
+    assert outcome.ok, outcome.detail
+    assert "bootout + bootstrap" in outcome.detail
+    uid = os.getuid()
+    verbs = [c[1] for c in fake_services.calls() if c[0] == "launchctl" and c[1] != "print"]
+    assert verbs[-4:] == ["kickstart", "bootout", "bootstrap", "kickstart"]
+    assert ["launchctl", "bootstrap", f"gui/{uid}", str(plist)] in fake_services.calls()
+    second = until(lambda: listening(port), 10, "the bootstrapped job to listen")
+    assert second != first
+
+
+def test_launchd_unknown_job_has_no_pid_and_no_plist_fails_clearly(
+    fake_services: FakeServices, tmp_path: Path
+) -> None:
+    port = free_port()
+    m = LaunchdManager(
+        server(port, manager="launchd", label="com.nope", plist=tmp_path / "missing.plist"),
+        System(),
+    )
+    assert m.pid() is None
+    outcome = m.restart()
+    assert not outcome.ok and "missing.plist does not exist" in outcome.detail
+
+
+def test_systemd_restart(fake_services: FakeServices) -> None:
+    port = free_port()
+    fake_services.save({"systemd": {"mlx.service": {"argv": bad_argv(port)}}})
+    m = SystemdManager(server(port, manager="systemd", unit="mlx.service"), System())
+    assert m.pid() is None
+    assert m.restart().ok
+    first = until(lambda: listening(port), 10, "the unit to listen")
+    assert m.pid() == first
+    assert m.restart().ok
+    assert until(lambda: listening(port) not in (None, first), 10, "a new PID")
+    assert ["systemctl", "--user", "restart", "mlx.service"] in fake_services.calls()
+    assert [
+        "systemctl",
+        "--user",
+        "show",
+        "-p",
+        "MainPID",
+        "--value",
+        "mlx.service",
+    ] in fake_services.calls()
+
+
+def test_systemd_unknown_unit(fake_services: FakeServices) -> None:
+    m = SystemdManager(server(free_port(), manager="systemd", unit="nope.service"), System())
+    outcome = m.restart()
+    assert not outcome.ok and "Unit nope.service not found" in outcome.detail
+
+
+def test_identity_refuses_a_pid_that_is_not_the_server(
+    fake_services: FakeServices, tmp_path: Path
+) -> None:
+    """The job runs on another port than the configured server: never signal it."""
+    job_port, other_port = free_port(), free_port()
+    plist = launchd_job(fake_services, tmp_path, job_port)
+    cfg = server(other_port, manager="launchd", label=LABEL, plist=plist)
+    m = LaunchdManager(cfg, System())
+    m.restart()
+    job_pid = until(lambda: listening(job_port), 10, "the job to listen")
+    other = psutil.Popen(bad_argv(other_port))
+    try:
+        until(lambda: listening(other_port), 10, "the other server to listen")
+        problem = identity_problem(cfg, m.pid(), ProcessTable())
+        assert problem is not None and f"PID {job_pid} does not hold port {other_port}" in problem
+
+        store = Store(None)
+        alerter = Alerter([])
+        w = Watch(cfg, m, Inspector(cfg))
+        before = len(fake_services.calls())
+        assert Healer(store, alerter).heal(w, "wedged", "wedged: test") is False
+        assert not any(c[1] == "kickstart" for c in fake_services.calls()[before:])
+        assert [e["kind"] for e in store.events()] == ["refused"]
+        assert store.restarts("s", 0.0) == []
+        assert listening(job_port) == job_pid and other.is_running()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_identity_refuses_a_command_line_that_does_not_match() -> None:
+    port = free_port()
+    proc = psutil.Popen(bad_argv(port))
+    try:
+        until(lambda: listening(port), 10, "listening")
+        cfg = ServerConfig("s", f"http://127.0.0.1:{port}")  # match = "mlx_lm"
+        problem = identity_problem(cfg, proc.pid, ProcessTable())
+        assert problem is not None and 'does not contain match = "mlx_lm"' in problem
+        assert (
+            identity_problem(
+                ServerConfig("s", cfg.url, match="badserver"), proc.pid, ProcessTable()
+            )
+            is None
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_process_manager_runs_restarts_stops_and_adopts(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = server(
+        port,
+        manager="process",
+        command=tuple(bad_argv(port)),
+        log_file=tmp_path / "srv.log",
+        env={"EXTRA_VAR": "1"},
+    )
+    record = tmp_path / "process-s.json"
+    m = ProcessManager(cfg, System(), record)
+    m.start()
+    first = m.pid()
+    assert first and until(lambda: listening(port) == first, 10, "the child to listen")
+    assert os.getpgid(first) == first  # its own process group
+    assert psutil.Process(first).environ().get("EXTRA_VAR") == "1"
+    assert m.restart().ok
+    second = m.pid()
+    assert second and second != first
+    until(lambda: listening(port) == second, 10, "the new child to listen")
+
+    # A new watchdog (as after kill -9 of the old one) adopts the verified child.
+    again = ProcessManager(cfg, System(), record)
+    again.start()
+    assert again.pid() == second
+
+    # A record whose start time does not match is a stranger with a reused PID: not adopted.
+    record.write_text(f'{{"pid": {second}, "create_time": 1.0}}')
+    stranger = ProcessManager(cfg, System(), record)
+    assert stranger._adoptable() is None
+
+    again.stop()
+    assert until(lambda: not System().alive(second), 10, "the child to stop")
+    m.stop()
