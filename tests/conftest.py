@@ -44,6 +44,22 @@ class Running:
             self.proc.stdout.close()
 
 
+def server_argv(model: Path, port: int) -> list[str]:
+    """The real mlx_lm.server on the tiny model, as every test starts it."""
+    return [
+        sys.executable,
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--max-tokens",
+        "16",
+    ]
+
+
 def _tiny_request(url: str, timeout: float) -> bool:
     body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     try:
@@ -125,19 +141,7 @@ def start_real_server(
             "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
-        cmd = [
-            sys.executable,
-            "-m",
-            "mlx_lm",
-            "server",
-            "--model",
-            str(tiny_model),
-            "--port",
-            str(port),
-            "--max-tokens",
-            "16",
-            *extra,
-        ]
+        cmd = [*server_argv(tiny_model, port), *extra]
         with log.open("wb") as fh:
             proc = subprocess.Popen(
                 cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL

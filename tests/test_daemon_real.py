@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DaemonThread, Receiver, free_port, until
+from tests.conftest import DaemonThread, Receiver, free_port, server_argv, until
 from tests.test_real_server import long_prompt, send
 from watchdog.config import parse_config
 from watchdog.daemon import Daemon
@@ -35,20 +34,7 @@ def process_config(
                 "name": "tiny",
                 "url": f"http://127.0.0.1:{port}",
                 "manager": "process",
-                "command": [
-                    sys.executable,
-                    "-m",
-                    "mlx_lm",
-                    "server",
-                    "--model",
-                    str(tiny_model),
-                    "--port",
-                    str(port),
-                    "--draft-model",
-                    str(tiny_model),
-                    "--max-tokens",
-                    "16",
-                ],
+                "command": [*server_argv(tiny_model, port), "--draft-model", str(tiny_model)],
                 "env": {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"},
                 "log_file": str(tmp_path / "server.log"),
                 "probe": {

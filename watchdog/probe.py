@@ -48,7 +48,6 @@ DOWN_FINDINGS = {
     "connect_timeout": "could not connect in time",
     "connect_error": "could not connect",
 }
-WAIT_FINDINGS = {"no_response": "no byte arrived before the hard timeout"}
 
 
 @dataclass(frozen=True)
