@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 from tests.conftest import DaemonThread, Receiver, free_port, server_argv, until
-from tests.test_real_server import long_prompt, send
 from watchdog.config import parse_config
 from watchdog.daemon import Daemon
+from watchdog.demo import long_prompt, send
 
 pytestmark = pytest.mark.real_server
 

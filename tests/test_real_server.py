@@ -12,30 +12,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import Running, StartServer, free_port
 from watchdog.check import check_once
 from watchdog.config import ProbeSettings, ServerConfig
+from watchdog.demo import long_prompt, send
 
 pytestmark = pytest.mark.real_server
 
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "lazy",
-    "dog",
-    "watchdog",
-    "probes",
-    "server",
-    "tiny",
-    "prompt",
-]
 GIVE_UP_AFTER = 2.0
 WEDGE_AFTER = "4s"
 
@@ -48,21 +33,6 @@ def server_config(url: str) -> ServerConfig:
             slow_after=2.0, wedge_after=4.0, max_busy=60.0, hard_timeout=300.0, startup_grace=0.01
         ),
     )
-
-
-def long_prompt(seed: int) -> str:
-    """About 10k tokens of the tiny tokenizer, unique per seed so the prompt cache cannot help."""
-    rnd = random.Random(seed)
-    return " ".join(rnd.choice(WORDS) + str(rnd.randint(0, 99)) for _ in range(3000))
-
-
-def send(url: str, prompt: str, timeout: float) -> str:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
-    try:
-        httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout)
-    except httpx.TimeoutException:
-        return "gave up"
-    return "served"
 
 
 def cli(*args: str) -> tuple[int, dict[str, object]]:

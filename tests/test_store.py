@@ -24,6 +24,33 @@ def test_incident_lifecycle(tmp_path: Path) -> None:
     assert inc.evidence == {"abandoned_connections": 2} and inc.actions[0]["action"] == "restart"
 
 
+def test_outage_counts_from_when_serving_stopped(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    iid = store.open_incident("a", 100.0, "wedged", "wedged: x", {}, began_at=40.0)
+    assert iid is not None
+    store.close_incident(iid, 160.0, "restarted", recover_s=5.0)
+    (inc,) = store.incidents(since=0.0)
+    assert (inc.opened_at, inc.began_at, inc.outage_s) == (100.0, 40.0, 120.0)
+
+
+def test_a_first_version_database_is_migrated_and_keeps_its_incidents(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+    db.executescript(MIGRATIONS[0][1])
+    db.execute("INSERT INTO migrations VALUES (?, 0)", (MIGRATIONS[0][0],))
+    db.execute(
+        "INSERT INTO incidents (server, opened_at, state, reason, evidence)"
+        " VALUES ('a', 50.0, 'dead', 'dead: x', '{}')"
+    )
+    db.close()
+    store = Store(path)
+    old = store.open_incident_for("a")
+    assert old is not None and old.began_at == 50.0
+    store.close_incident(old.id, 80.0, "restarted", recover_s=2.0)
+    assert store.incidents(0.0)[0].outage_s == 30.0
+
+
 def test_history_survives_reopening(tmp_path: Path) -> None:
     path = tmp_path / "h.db"
     store = Store(path)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +17,7 @@ from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -56,10 +61,10 @@ def _load(config_path: Path | None) -> Config:
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        err.print(f"[red]config error:[/red] {exc}", markup=True, soft_wrap=True)
+        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
     for warning in config.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
     return config
 
 
@@ -95,7 +100,7 @@ def probe(
             seconds = parse_duration(wedge_after, "--wedge-after")
             servers = [replace(s, probe=with_wedge_after(s.probe, seconds)) for s in servers]
     except (ConfigError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
     if not as_json:
         for s in servers:
@@ -144,7 +149,7 @@ def _print_result(r: CheckResult) -> None:
     out.print(
         f"[bold]{r.server.name}[/bold] {r.server.url}  [{STATE_STYLE[v.state]}]{v.state.upper()}[/]"
     )
-    out.print(v.reason, soft_wrap=True)
+    out.print(escape(v.reason), soft_wrap=True)
     e = v.evidence
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="dim")
@@ -162,7 +167,7 @@ def _print_result(r: CheckResult) -> None:
     table.add_row("bytes / tokens", f"{e['bytes']} / {e['tokens']} ({e['keepalives']} keepalives)")
     if e.get("cached_tokens") is not None:
         table.add_row("prompt cache", f"{e['cached_tokens']} of {e['prompt_tokens']} tokens cached")
-    table.add_row("probe", f"{e['probe_finding']} {e.get('probe_detail') or ''}".strip())
+    table.add_row("probe", escape(f"{e['probe_finding']} {e.get('probe_detail') or ''}".strip()))
     table.add_row("/v1/models", f"{e.get('models_status') or '-'} {e.get('models_finding') or ''}")
     if e.get("pid") is not None:
         cpu = "-" if e.get("cpu_percent") is None else f"{e['cpu_percent']:.0f}%"
@@ -172,7 +177,7 @@ def _print_result(r: CheckResult) -> None:
             "connections", f"{e['live_connections']} live, {e['abandoned_connections']} abandoned"
         )
     if e.get("process_error"):
-        table.add_row("process", e["process_error"])
+        table.add_row("process", escape(e["process_error"]))
     out.print(table)
 
 
@@ -203,6 +208,80 @@ def setup_logging() -> None:
     root = logging.getLogger("mlx_watchdog")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+
+
+@cli.command()
+@click.option("--port", type=int, default=0, help="Port for the demo server (default: a free one).")
+@click.option(
+    "--timeout",
+    default="5m",
+    show_default=True,
+    help="Give up when the server has not recovered by then.",
+)
+def demo(port: int, timeout: str) -> None:
+    """Watch the watchdog heal a real mlx_lm.server wedged by abandoned requests.
+
+    Builds a tiny random-weight model, starts the real server (serial) under the watchdog,
+    sends long prompts from clients that give up, and shows detection, restart and recovery.
+    Needs the server extra. Exit 0 when the server recovered, 1 when it did not, 3 when the
+    demo cannot run.
+    """
+    from .demo import missing_server_extra, run_demo
+
+    try:
+        limit = parse_duration(timeout, "--timeout")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    problem = missing_server_extra()
+    if problem is not None:
+        err.print(f"[red]cannot run the demo:[/red] {escape(problem)}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        err.print(
+            f"[dim]{time.monotonic() - started:6.1f}s[/dim] {escape(message)}", soft_wrap=True
+        )
+
+    handler = _SayHandler(say)
+    logging.getLogger("mlx_watchdog").addHandler(handler)
+    logging.getLogger("mlx_watchdog").setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory(prefix="mlx-watchdog-demo-") as workdir:
+        result = run_demo(Path(workdir), port or _free_port(), say=say, timeout=limit)
+    logging.getLogger("mlx_watchdog").removeHandler(handler)
+    incident = result.incident
+    if not result.recovered or incident is None:
+        err.print(f"[red]not recovered:[/red] {escape(result.message)}", soft_wrap=True)
+        sys.exit(1)
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("verdict", escape(incident.reason))
+    table.add_row("detected", f"{result.detected_after_s:.1f} s after the clients gave up")
+    table.add_row("restarts", str(result.restarts))
+    table.add_row("time to recover", _secs(incident.recover_s))
+    table.add_row("outage", _secs(incident.outage_s))
+    out.print("[bold green]recovered[/bold green]: the wedged server serves again")
+    out.print(table)
+    out.print(
+        "The lasting fix is at the cause: no client or load balancer in front of the server "
+        "may give up before a long prefill can finish."
+    )
+
+
+class _SayHandler(logging.Handler):
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @cli.group()

@@ -80,7 +80,7 @@ class Daemon:
         now = self.clock()
         incident = self.store.open_incident_for(server.name)
         if incident is not None:
-            w.incident, w.incident_opened = incident.id, incident.opened_at
+            w.incident, w.incident_began = incident.id, incident.began_at
         w.needs_person = self.store.held(server.name)
         for r in self.store.interrupt_unfinished(server.name, now):
             self.healer.emit(
@@ -125,8 +125,12 @@ class Daemon:
         if v.state not in BAD:
             return
         if w.incident is None:
-            w.incident = self.store.open_incident(w.server.name, now, v.state, v.reason, v.evidence)
-            w.incident_opened = now
+            # The outage began when the unanswered probe was sent, not when it was judged.
+            began = now - float(v.evidence.get("waited_s") or 0.0)
+            w.incident = self.store.open_incident(
+                w.server.name, now, v.state, v.reason, v.evidence, began_at=began
+            )
+            w.incident_began = began
             self.healer.emit(w, "detected", v.reason, **_brief(v))
         trigger = None
         if v.state == "wedged":

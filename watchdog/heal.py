@@ -39,7 +39,7 @@ class Watch:
     dead_streak: int = 0
     down_since: float | None = None
     incident: int | None = None
-    incident_opened: float | None = None
+    incident_began: float | None = None  # when serving stopped, as the probes saw it
     needs_person: str | None = None
     draining: bool = False
     restarting: bool = False
@@ -181,7 +181,7 @@ class Healer:
             w.needs_person = None
         if w.incident is None:
             return
-        outage = at - (w.incident_opened or at)
+        outage = at - (w.incident_began or at)
         self.store.close_incident(w.incident, at, how, recover_s)
         timing = f"outage {outage:.1f} s" + (
             f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
@@ -194,7 +194,7 @@ class Healer:
             recover_s=None if recover_s is None else round(recover_s, 3),
         )
         w.incident = None
-        w.incident_opened = None
+        w.incident_began = None
         w.said.clear()
 
     def _await_token(self, server: ServerConfig, started: float) -> float | None:

@@ -46,6 +46,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE TABLE holds (server TEXT PRIMARY KEY, since REAL NOT NULL, reason TEXT NOT NULL);
         """,
     ),
+    # When serving stopped, as far as the probes saw: the send time of the first probe that
+    # went unanswered, which is earlier than the moment the wedge was judged.
+    ("0002_incident_began_at", "ALTER TABLE incidents ADD COLUMN began_at REAL"),
 ]
 
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
@@ -56,6 +59,7 @@ class Incident:
     id: int
     server: str
     opened_at: float
+    began_at: float
     closed_at: float | None
     state: str
     reason: str
@@ -238,14 +242,28 @@ class Store:
     # -- incidents --------------------------------------------------------------------------
 
     def open_incident(
-        self, server: str, at: float, state: str, reason: str, evidence: dict[str, Any]
+        self,
+        server: str,
+        at: float,
+        state: str,
+        reason: str,
+        evidence: dict[str, Any],
+        *,
+        began_at: float | None = None,
     ) -> int | None:
         def work(db: sqlite3.Connection) -> int:
             with self._tx(db):
                 cur = db.execute(
-                    "INSERT INTO incidents (server, opened_at, state, reason, evidence)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (server, at, state, reason, json.dumps(evidence)),
+                    "INSERT INTO incidents (server, opened_at, began_at, state, reason, evidence)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        server,
+                        at,
+                        at if began_at is None else began_at,
+                        state,
+                        reason,
+                        json.dumps(evidence),
+                    ),
                 )
                 return int(cur.lastrowid or 0)
 
@@ -276,7 +294,7 @@ class Store:
             with self._tx(db):
                 db.execute(
                     "UPDATE incidents SET closed_at = ?, outcome = ?, recover_s = ?,"
-                    " outage_s = ? - opened_at WHERE id = ? AND closed_at IS NULL",
+                    " outage_s = ? - COALESCE(began_at, opened_at) WHERE id = ? AND closed_at IS NULL",
                     (at, outcome, recover_s, at, incident),
                 )
 
@@ -391,6 +409,7 @@ def _incident(row: sqlite3.Row) -> Incident:
         id=row["id"],
         server=row["server"],
         opened_at=row["opened_at"],
+        began_at=row["began_at"] if row["began_at"] is not None else row["opened_at"],
         closed_at=row["closed_at"],
         state=row["state"],
         reason=row["reason"],

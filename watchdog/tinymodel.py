@@ -37,6 +37,7 @@ def build_tokenizer(out: Path) -> int:
         vocab_size=400,
         special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(SENTENCES, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
