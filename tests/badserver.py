@@ -195,6 +195,13 @@ class Handler(socketserver.BaseRequestHandler):
         """A slot that is never released: read the request, say nothing, keep the socket."""
         self.server.stop.wait()
 
+    def gen_hang_later(self, sock: socket.socket) -> None:
+        """Serves the first --ok-requests requests, then never releases its slot again."""
+        if self.server.requests <= self.server.ok_requests:
+            self.gen_ok(sock)
+        else:
+            self.gen_hang(sock)
+
     @staticmethod
     def rst(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -205,10 +212,11 @@ class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, mode: str, delay: float) -> None:
+    def __init__(self, port: int, mode: str, delay: float, ok_requests: int = 0) -> None:
         super().__init__(("127.0.0.1", port), Handler)
         self.mode = mode
         self.delay = delay
+        self.ok_requests = ok_requests
         self.requests = 0
         self.stop = threading.Event()
 
@@ -221,8 +229,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--delay", type=float, default=1.5)
+    parser.add_argument("--ok-requests", type=int, default=3)
     args = parser.parse_args()
-    server = Server(args.port, args.mode, args.delay)
+    server = Server(args.port, args.mode, args.delay, args.ok_requests)
     print("ready", flush=True)
     server.serve_forever()
 

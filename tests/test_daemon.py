@@ -239,6 +239,32 @@ def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
     assert incident.outcome == "recovered by itself"
 
 
+def test_sigterm_mid_restart_ends_it_and_records_it_as_interrupted(
+    tmp_path: Path, hanging: BadByPidfile
+) -> None:
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(toml(command_config(tmp_path, hanging, delay=600.0)))  # a restart that hangs
+    db = tmp_path / "state" / "history.db"
+    log = tmp_path / "daemon.log"
+    proc = daemon_process(cfg, log)
+    try:
+        until(lambda: restarts_in(db) == [("wedged", None)], 30, "a restart in progress")
+        until(lambda: psutil.Process(proc.pid).children(), 10, "the restart command to run")
+        (command,) = psutil.Process(proc.pid).children()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)  # the stop is bounded although the restart command never ends
+    finally:
+        proc.kill()
+    assert code == 0
+    assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
+    assert restarts_in(db) == [("wedged", "interrupted")]
+    text = log.read_text()
+    assert (
+        "interrupting it" in text and "interrupted: the watchdog stopped during the restart" in text
+    )
+    assert text.rstrip().endswith("stopped")
+
+
 def test_sighup_reloads_and_keeps_the_old_config_when_the_new_is_bad(
     tmp_path: Path, bad_server: Callable[..., object]
 ) -> None:

@@ -28,7 +28,8 @@ from .verdict import Observation, Verdict, judge
 
 log = logging.getLogger("mlx_watchdog")
 
-STOP_TIMEOUT = 20.0
+STOP_TIMEOUT = 20.0  # for a restart in progress to finish by itself
+INTERRUPT_TIMEOUT = 5.0
 BAD = ("wedged", "dead", "down")
 
 
@@ -250,10 +251,12 @@ class Daemon:
 
     def _finish(self) -> None:
         self._stop.set()
-        deadline = time.monotonic() + STOP_TIMEOUT
-        with self._active_cv:
-            while self._active and time.monotonic() < deadline:
-                self._active_cv.wait(deadline - time.monotonic())
+        if not self._settle(STOP_TIMEOUT):
+            # A restart still running: kill its command so it ends, recorded as interrupted.
+            log.warning("a restart is still running after %gs; interrupting it", STOP_TIMEOUT)
+            self.system.interrupt()
+            self._settle(INTERRUPT_TIMEOUT)
+            self.system.resume()  # the managed servers still get their stop grace
         for w in self.watches.values():
             if w.probe is not None:
                 w.probe.abort()
@@ -261,6 +264,15 @@ class Daemon:
         self.alerter.close(timeout=5.0)
         self.store.close()
         log.info("stopped")
+
+
+    def _settle(self, timeout: float) -> bool:
+        """Wait for the running jobs to end; False when some are still running."""
+        deadline = time.monotonic() + timeout
+        with self._active_cv:
+            while self._active and time.monotonic() < deadline:
+                self._active_cv.wait(deadline - time.monotonic())
+            return not self._active
 
 
 def _brief(v: Verdict) -> dict[str, object]:

@@ -205,7 +205,12 @@ class Healer:
             if left <= 0:
                 return None
             probing = replace(server, probe=replace(server.probe, hard_timeout=left))
-            snap = Probe(probing, clock=self.clock).run()
+            probe = Probe(probing, clock=self.clock).start()
+            while not probe.wait(0.2):
+                if self.stopping():
+                    probe.abort()
+                    return None
+            snap = probe.snapshot()
             if snap.finding == OK:
                 return snap.first_token_at or self.clock()
             if snap.finding in DOWN_FINDINGS or snap.finding == "reset":

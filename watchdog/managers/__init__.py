@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,11 +35,34 @@ class Outcome:
     steps: tuple[str, ...] = ()
 
 
+INTERRUPTED = 130
+
+
 class System:
-    """The operating system, as the managers use it."""
+    """The operating system, as the managers use it.
+
+    `interrupt()` is for a daemon that must stop within a bound: waits return at once and a
+    running command is killed (exit code INTERRUPTED), so a restart in progress ends quickly
+    and is recorded as interrupted.
+    """
 
     clock: Callable[[], float] = staticmethod(time.time)
-    sleep: Callable[[float], None] = staticmethod(time.sleep)
+
+    def __init__(self) -> None:
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
+    def resume(self) -> None:
+        self._interrupted.clear()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        self._interrupted.wait(seconds)
 
     def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
         """Run a command without a shell: (exit code, its output).
@@ -55,12 +79,16 @@ class System:
                 return 127, f"{argv[0]}: command not found"
             except PermissionError:
                 return 126, f"{argv[0]}: permission denied"
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                return 124, f"{argv[0]}: no answer within {timeout:g}s"
+            deadline = time.monotonic() + timeout
+            while (code := proc.poll()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.interrupted:
+                    proc.kill()
+                    proc.wait()
+                    if self.interrupted:
+                        return INTERRUPTED, f"{argv[0]}: killed, the watchdog is stopping"
+                    return 124, f"{argv[0]}: no answer within {timeout:g}s"
+                self._interrupted.wait(min(left, 0.1))
             out.seek(0)
             return code, out.read().decode(errors="replace").strip()
 
@@ -112,7 +140,7 @@ def wait_for(check: Callable[[], bool], timeout: float, system: System, step: fl
     while True:
         if check():
             return True
-        if system.clock() >= deadline:
+        if system.clock() >= deadline or system.interrupted:
             return False
         system.sleep(step)
 
