@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -318,6 +319,44 @@ def run_daemon() -> Iterator[Callable[[object], DaemonThread]]:
             t.stop()
 
 
+RESTART_BAD = [sys.executable, str(TESTS / "fakes" / "restart_bad.py")]
+
+
+class BadByPidfile:
+    """A bad server started (and replaced) through restart_bad.py, tracked by its pid file."""
+
+    def __init__(self, tmp_path: Path, mode: str) -> None:
+        self.port = free_port()
+        self.pidfile = tmp_path / "bad.pid"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.replace(mode)
+
+    def replace(self, mode: str) -> None:
+        subprocess.run([*RESTART_BAD, str(self.pidfile), str(self.port), mode], check=True)
+        until(lambda: listens(self.port), 10, "the bad server to listen")
+
+    def pid(self) -> int:
+        return int(self.pidfile.read_text())
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.kill(self.pid(), signal.SIGKILL)
+
+
+def listens(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def hanging(tmp_path: Path) -> Iterator[BadByPidfile]:
+    bad = BadByPidfile(tmp_path, "hang")
+    yield bad
+    bad.kill()
+
+
 class FakeServices:
     """The fake launchctl/systemctl on PATH, and their job table."""
 
@@ -357,8 +396,6 @@ class FakeServices:
 
 @pytest.fixture
 def fake_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServices]:
-    import signal
-
     fakes = FakeServices(tmp_path)
     monkeypatch.setenv("PATH", f"{fakes.bin}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SVC_STATE", str(fakes.state))

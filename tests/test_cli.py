@@ -32,6 +32,9 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
     assert result.exit_code == 0
     _, command = next((p, c) for p, c in all_commands(cli) if p == path)
     assert command.help and len(command.help) > 20
+    for param in command.params:
+        if isinstance(param, click.Option):
+            assert param.help, f"{' '.join(path)} {param.opts[0]} has no help text"
 
 
 def test_module_entry_point_runs() -> None:

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-import pytest
 
-from tests.conftest import TESTS, DaemonThread, Receiver, free_port, until
+from tests.conftest import (
+    RESTART_BAD,
+    TESTS,
+    BadByPidfile,
+    DaemonThread,
+    Receiver,
+    free_port,
+    listens,
+    until,
+)
 from watchdog.budget import decide
 from watchdog.config import parse_config
 from watchdog.daemon import Daemon
 from watchdog.store import Store
 
-RESTART = [sys.executable, str(TESTS / "fakes" / "restart_bad.py")]
 FAST_PROBE = {
     "slow_after": "300ms",
     "wedge_after": "1s",
@@ -29,41 +34,6 @@ FAST_PROBE = {
     "startup_grace": "5s",
     "hard_timeout": "1m",
 }
-
-
-class BadByPidfile:
-    """A bad server started (and replaced) through restart_bad.py, tracked by its pid file."""
-
-    def __init__(self, tmp_path: Path, mode: str) -> None:
-        self.port = free_port()
-        self.pidfile = tmp_path / "bad.pid"
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.replace(mode)
-
-    def replace(self, mode: str) -> None:
-        subprocess.run([*RESTART, str(self.pidfile), str(self.port), mode], check=True)
-        until(lambda: _listens(self.port), 10, "the bad server to listen")
-
-    def pid(self) -> int:
-        return int(self.pidfile.read_text())
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-            os.kill(self.pid(), signal.SIGKILL)
-
-
-def _listens(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@pytest.fixture
-def hanging(tmp_path: Path) -> Iterator[BadByPidfile]:
-    bad = BadByPidfile(tmp_path, "hang")
-    yield bad
-    bad.kill()
 
 
 def command_config(
@@ -77,6 +47,7 @@ def command_config(
     return {
         "watchdog": {
             "interval": "200ms",
+            "listen": "127.0.0.1:0",
             "state_dir": str(tmp_path / "state"),
             "alerts": alerts or [],
             "on_event": hook or [],
@@ -87,7 +58,13 @@ def command_config(
                 "url": bad.url,
                 "manager": "command",
                 "match": "badserver",
-                "restart_command": [*RESTART, str(bad.pidfile), str(bad.port), "ok", str(delay)],
+                "restart_command": [
+                    *RESTART_BAD,
+                    str(bad.pidfile),
+                    str(bad.port),
+                    "ok",
+                    str(delay),
+                ],
                 "probe": FAST_PROBE,
                 "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
             }
@@ -130,6 +107,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
         {
             "watchdog": {
                 "interval": "200ms",
+                "listen": "127.0.0.1:0",
                 "state_dir": str(tmp_path / "state"),
                 "on_event": argv,
             },
@@ -270,7 +248,13 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_is_bad(
 ) -> None:
     a, b = bad_server("ok"), bad_server("ok")
     cfg = tmp_path / "w.toml"
-    base = {"watchdog": {"interval": "200ms", "state_dir": str(tmp_path / "state")}}
+    base = {
+        "watchdog": {
+            "interval": "200ms",
+            "listen": "127.0.0.1:0",
+            "state_dir": str(tmp_path / "state"),
+        }
+    }
     cfg.write_text(toml({**base, "server": [{"name": "a", "url": a.url}]}))  # type: ignore[attr-defined]
     log = tmp_path / "daemon.log"
     proc = daemon_process(cfg, log)
@@ -306,7 +290,11 @@ def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
     cfg.write_text(
         toml(
             {
-                "watchdog": {"interval": "200ms", "state_dir": str(tmp_path / "state")},
+                "watchdog": {
+                    "interval": "200ms",
+                    "listen": "127.0.0.1:0",
+                    "state_dir": str(tmp_path / "state"),
+                },
                 "server": [
                     {
                         "name": "p",
@@ -335,4 +323,4 @@ def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
-    assert not _listens(port)
+    assert not listens(port)

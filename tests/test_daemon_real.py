@@ -25,6 +25,7 @@ def process_config(
     return {
         "watchdog": {
             "interval": "1s",
+            "listen": "127.0.0.1:0",
             "state_dir": str(tmp_path / "state"),
             "alerts": alerts,
             "on_event": hook,

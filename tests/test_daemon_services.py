@@ -64,6 +64,7 @@ def config(
         {
             "watchdog": {
                 "interval": "200ms",
+                "listen": "127.0.0.1:0",
                 "state_dir": str(tmp_path / "state"),
                 "alerts": list(alerts),
             },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -16,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
@@ -282,6 +283,184 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@cli.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+@click.option("--watch", is_flag=True, help="Refresh in place every 2 s until Ctrl-C.")
+def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
+    """Show what the running watchdog sees, or the last recorded state when it is not running.
+
+    Columns: state, when a probe last got a token, time to first token (median and 95th
+    percentile over the last hour), restarts in 24 h, restarts left in the budget, the
+    server's PID and memory. Exit code: as for probe (the worst server), or 3 when the
+    watchdog is not running.
+    """
+    from .client import DaemonNotRunning, history_status, live_status
+
+    cfg = _load(config_path)
+
+    def fetch() -> dict[str, Any]:
+        try:
+            return live_status(cfg.watchdog.state_dir)
+        except DaemonNotRunning as exc:
+            return history_status(cfg, str(exc))
+
+    doc = fetch()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+    elif watch:
+        from rich.live import Live
+
+        with Live(_status_view(doc), console=out, auto_refresh=False) as live:
+            try:
+                while True:
+                    time.sleep(2.0)
+                    doc = fetch()
+                    live.update(_status_view(doc), refresh=True)
+            except KeyboardInterrupt:
+                pass
+    else:
+        out.print(_status_view(doc))
+    sys.exit(_status_exit(doc))
+
+
+def _status_exit(doc: dict[str, Any]) -> int:
+    if not doc["watchdog"].get("running"):
+        return UNKNOWN_EXIT
+    return max((int(s["exit_code"]) for s in doc["servers"]), default=UNKNOWN_EXIT)
+
+
+def _status_view(doc: dict[str, Any]) -> Group:
+    now = time.time()
+    table = Table(box=None, padding=(0, 1), header_style="dim")
+    for column in ("server", "state", "last token", "TTFT p50/p95", "restarts", "left", "PID"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("RSS", no_wrap=True, justify="right")
+    notes = []
+    for s in doc["servers"]:
+        state = s["state"]
+        table.add_row(
+            s["name"],
+            f"[{STATE_STYLE.get(state, 'bold')}]{state}[/]",
+            _ago(s.get("last_token_at"), now),
+            f"{_ms(s.get('ttft_p50_s'))}/{_ms(s.get('ttft_p95_s'))} ms",
+            str(s["restarts_24h"]),
+            str(s["budget_left"]),
+            "-" if s.get("pid") is None else str(s["pid"]),
+            "-" if s.get("rss_bytes") is None else f"{s['rss_bytes'] / 2**20:.0f} MiB",
+        )
+        flags = [f for f in ("draining", "restarting") if s.get(f)]
+        notes.append(
+            f"[bold]{s['name']}[/bold] {escape(s['reason'])}"
+            + "".join(f" [bold yellow]({f}: /healthz answers 503)[/]" for f in flags)
+        )
+        if s.get("needs_person"):
+            notes.append(f"  [bold red]a person is needed:[/] {escape(s['needs_person'])}")
+    w = doc["watchdog"]
+    head = (
+        f"[green]watchdog running[/green] (PID {w['pid']}, every {w['interval_s']:g}s)"
+        if w.get("running")
+        else f"[yellow]{escape(w.get('why', 'the watchdog is not running'))}[/yellow]; "
+        "showing the last recorded probes"
+    )
+    return Group(head, table, *notes)
+
+
+def _ago(at: float | None, now: float) -> str:
+    if at is None:
+        return "never"
+    seconds = max(0.0, now - at)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+@cli.command()
+@config_option
+@click.option("--since", default="7d", show_default=True, help='How far back, e.g. "24h".')
+@click.option("--server", "server_name", help="Only this server's incidents.")
+@click.option("--json", "as_json", is_flag=True, help="Print the incidents as JSON.")
+def history(config_path: Path | None, since: str, server_name: str | None, as_json: bool) -> None:
+    """List incidents: start, end, outage, reason, actions and outcome."""
+    from .store import Store
+
+    cfg = _load(config_path)
+    try:
+        window = parse_duration(since, "--since")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    db = cfg.watchdog.state_dir / "history.db"
+    if not db.exists():
+        incidents = []
+    else:
+        store = Store(db)
+        try:
+            incidents = store.incidents(time.time() - window, server_name)
+        finally:
+            store.close()
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(i) for i in incidents], indent=2))
+        return
+    if not incidents:
+        err.print(f"no incidents in the last {since}")
+        return
+    table = Table(box=None, padding=(0, 2), header_style="dim")
+    for column in ("server", "start", "end", "outage", "reason", "actions", "outcome"):
+        table.add_column(column, overflow="fold")
+    for i in incidents:
+        actions = ", ".join(f"{a['action']}: {a['outcome']}" for a in i.actions) or "-"
+        table.add_row(
+            i.server,
+            _clock(i.began_at),
+            "open" if i.closed_at is None else _clock(i.closed_at),
+            "-" if i.outage_s is None else f"{i.outage_s:.1f} s",
+            escape(i.reason),
+            escape(actions),
+            i.outcome or "-",
+        )
+    out.print(table)
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _action(action: str) -> click.Command:
+    help_text = {
+        "restart": "Restart a server through the running watchdog's one restart path.",
+        "drain": "Turn a server's /healthz to 503 (and run drain_command) until undrain.",
+        "undrain": "End a drain: /healthz follows the server's state again.",
+    }[action]
+
+    @config_option
+    @click.argument("name")
+    def command(config_path: Path | None, name: str) -> None:
+        from .client import ActionRefused, DaemonNotRunning, act
+
+        cfg = _load(config_path)
+        try:
+            message = act(cfg.watchdog.state_dir, name, action)
+        except DaemonNotRunning as exc:
+            err.print(f"[red]error:[/red] {escape(str(exc))}; start it with `mlx-watchdog run`")
+            sys.exit(UNKNOWN_EXIT)
+        except ActionRefused as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(message)
+
+    command.__doc__ = help_text
+    return click.command(action, help=help_text)(command)
+
+
+for _name in ("restart", "drain", "undrain"):
+    cli.add_command(_action(_name))
 
 
 @cli.group()

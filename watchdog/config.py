@@ -7,6 +7,7 @@ what is expected. All errors of a file are reported together, so one run fixes t
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import itertools
 import json
 import os
@@ -101,7 +102,7 @@ class ServerConfig:
 class WatchdogSettings:
     interval: float = 30.0
     listen_host: str = "127.0.0.1"
-    listen_port: int = 9464
+    listen_port: int | None = 9464  # None: no endpoint ("off"); 0: any free port
     state_dir: Path = field(default_factory=lambda: default_state_dir())
     alerts: tuple[str, ...] = ()
     on_event: tuple[str, ...] = ()
@@ -222,6 +223,12 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
     if errors:
         where = f"{source}: " if source else ""
         raise ConfigError(where + ("\n" + where).join(errors))
+    if watchdog.listen_port is not None and not _loopback(watchdog.listen_host):
+        warnings.append(
+            f'watchdog.listen = "{watchdog.listen_host}:{watchdog.listen_port}" is reachable from '
+            "other machines: /healthz, /status and /metrics answer anyone there (the POST "
+            "actions still need the token)"
+        )
     return Config(
         watchdog=watchdog,
         servers=tuple(s for s in servers if s is not None),
@@ -477,13 +484,24 @@ def parse_url(value: object, where: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _parse_listen(value: object, where: str) -> tuple[str, int]:
+def _parse_listen(value: object, where: str) -> tuple[str, int | None]:
     text = _parse_str(value, where)
+    if text == "off":
+        return "127.0.0.1", None
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f'{where} = {_show(value)} must be host:port, like "{DEFAULT_LISTEN}"')
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(
+            f'{where} = {_show(value)} must be host:port, like "{DEFAULT_LISTEN}", or "off"'
+        )
     return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _parse_path(value: object, where: str) -> Path:
@@ -554,7 +572,7 @@ def effective(config: Config) -> dict[str, Any]:
     return {
         "watchdog": {
             "interval": format_duration(w.interval),
-            "listen": f"{w.listen_host}:{w.listen_port}",
+            "listen": "off" if w.listen_port is None else f"{w.listen_host}:{w.listen_port}",
             "state_dir": str(w.state_dir),
             "alerts": [mask_url(a) for a in w.alerts],
             "on_event": list(w.on_event),
@@ -633,7 +651,7 @@ TEMPLATE = """\
 
 [watchdog]
 # interval = "30s"              # how often each server is checked
-# listen = "127.0.0.1:9464"     # the watchdog's own /healthz, /status, /metrics
+# listen = "127.0.0.1:9464"     # the watchdog's own /healthz, /status, /metrics; or "off"
 # state_dir = "~/.local/state/mlx-watchdog"   # history database and token
 # alerts = ["ntfy://my-topic"]  # Apprise URLs
 # on_event = ["/usr/local/bin/notify"]        # gets each event as JSON on stdin

@@ -6,23 +6,34 @@ the config), so nothing heavy ever runs inside a handler.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.blocking import BlockingScheduler
 
+from . import __version__
 from .alerts import Alerter, Notify, apprise_notify
 from .config import Config, ConfigError, ServerConfig, load_config
+from .endpoint import DAEMON_FILE, TOKEN_FILE, ensure_token
+from .endpoint import start as start_endpoint
 from .evidence import Inspector, ProcessTable
 from .heal import Healer, Watch
 from .managers import System, make_manager
+from .metrics import Metrics
 from .probe import Probe, check_models
+from .status import describe
 from .store import Store
 from .verdict import Observation, Verdict, judge
 
@@ -57,6 +68,7 @@ class Daemon:
         self._wake = threading.Event()
         self._active = 0
         self._active_cv = threading.Condition()
+        self.metrics = Metrics(lambda: self.status()["servers"])
         self.healer = Healer(
             self.store,
             self.alerter,
@@ -64,7 +76,10 @@ class Daemon:
             table=self.table,
             clock=clock,
             stopping=self._stop.is_set,
+            on_event=self.metrics.event,
         )
+        self.started_at = clock()
+        self.endpoint: ThreadingHTTPServer | None = None
         self.watches: dict[str, Watch] = {}
         self.scheduler: BlockingScheduler | None = None
         for server in config.servers:
@@ -96,6 +111,8 @@ class Daemon:
         """Judge one server once: start a probe, or judge the age of the one in flight."""
         w = self.watches[name]
         server = w.server
+        while w.requests:
+            self._carry_out(w, w.requests.popleft())
         if w.probe is None:
             w.probe = Probe(server, clock=self.clock).start()
             w.models = check_models(server, clock=self.clock)
@@ -111,6 +128,7 @@ class Daemon:
         if verdict is None:
             return w.verdict
         self.store.record_probe(name, self.clock(), verdict.state, verdict.reason, verdict.evidence)
+        self.metrics.observe(name, verdict)
         self._transition(w, verdict)
         return w.verdict
 
@@ -118,7 +136,9 @@ class Daemon:
         before = w.verdict.state if w.verdict else None
         w.verdict = v
         now = self.clock()
+        w.judged_at = now
         if before != v.state:
+            w.state_since = now
             log.info("%s %s", w.server.name, v.reason)
         if v.state in ("healthy", "slow"):
             self.healer.recovered(w, now, recover_s=None, how="recovered by itself")
@@ -149,6 +169,59 @@ class Daemon:
             w.down_since = None
         if trigger is not None:
             self.healer.heal(w, trigger, v.reason)
+
+    def _carry_out(self, w: Watch, action: str) -> None:
+        log.info("%s %s asked for through the endpoint", w.server.name, action)
+        if action == "restart":
+            self.healer.heal(w, "manual", "a person asked for a restart", manual=True)
+        elif action == "drain":
+            self.healer.drain(w)
+        elif action == "undrain":
+            self.healer.undrain(w)
+
+    # -- what the endpoint and `status` show -------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        servers = []
+        for w in list(self.watches.values()):
+            v = w.verdict
+            servers.append(
+                describe(
+                    w.server,
+                    self.store,
+                    now,
+                    state=v.state if v else None,
+                    reason=v.reason if v else "no verdict yet",
+                    at=w.judged_at,
+                    evidence=v.evidence if v else {},
+                    since=w.state_since,
+                    last_token_at=w.last_token_at,
+                    draining=w.draining,
+                    restarting=w.restarting,
+                )
+            )
+        return {
+            "watchdog": {
+                "pid": os.getpid(),
+                "version": __version__,
+                "started_at": self.started_at,
+                "interval_s": self.config.watchdog.interval,
+                "running": True,
+            },
+            "servers": servers,
+        }
+
+    def prometheus(self) -> tuple[bytes, str]:
+        return self.metrics.exposition()
+
+    def act(self, name: str, action: str) -> str:
+        w = self.watches[name]  # KeyError: no such server
+        w.requests.append(action)
+        if self.scheduler is not None and self.scheduler.running:
+            with contextlib.suppress(JobLookupError):
+                self.scheduler.modify_job(name, next_run_time=datetime.now(UTC))
+        return f"{action} of {name} queued; it runs at the server's next tick"
 
     # -- running ----------------------------------------------------------------------------
 
@@ -196,6 +269,7 @@ class Daemon:
             signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
         for w in self.watches.values():
             w.manager.start()
+        self._serve_endpoint()
         self._schedule()
         control = threading.Thread(target=self._control, name="control", daemon=True)
         control.start()
@@ -261,10 +335,37 @@ class Daemon:
             if w.probe is not None:
                 w.probe.abort()
             w.manager.stop()
+        if self.endpoint is not None:
+            self.endpoint.shutdown()
+            self.endpoint.server_close()
+            (self.state_dir / DAEMON_FILE).unlink(missing_ok=True)
         self.alerter.close(timeout=5.0)
         self.store.close()
         log.info("stopped")
 
+    def _serve_endpoint(self) -> None:
+        """Start /healthz, /status, /metrics; without them the watchdog still probes and heals."""
+        settings = self.config.watchdog
+        if settings.listen_port is None:
+            return
+        try:
+            token = ensure_token(self.state_dir / TOKEN_FILE)
+            self.endpoint, _ = start_endpoint(
+                self, settings.listen_host, settings.listen_port, token
+            )
+        except OSError as exc:
+            log.error(
+                "cannot serve the endpoint on %s:%s (%s); probing goes on without it",
+                settings.listen_host,
+                settings.listen_port,
+                exc.strerror or exc,
+            )
+            return
+        host, port = str(self.endpoint.server_address[0]), self.endpoint.server_address[1]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        record = {"pid": os.getpid(), "url": url, "started_at": self.started_at}
+        (self.state_dir / DAEMON_FILE).write_text(json.dumps(record))
+        log.info("endpoint at %s (/healthz, /status, /metrics)", url)
 
     def _settle(self, timeout: float) -> bool:
         """Wait for the running jobs to end; False when some are still running."""

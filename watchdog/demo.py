@@ -93,7 +93,11 @@ def demo_config(workdir: Path, model: Path, port: int) -> Config:
     hub_cache.mkdir(parents=True, exist_ok=True)  # an absent cache makes /v1/models answer empty
     return parse_config(
         {
-            "watchdog": {"interval": "1s", "state_dir": str(workdir / "state")},
+            "watchdog": {
+                "interval": "1s",
+                "listen": "127.0.0.1:0",
+                "state_dir": str(workdir / "state"),
+            },
             "server": [
                 {
                     "name": "demo",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -44,7 +45,11 @@ class Watch:
     draining: bool = False
     restarting: bool = False
     last_token_at: float | None = None
+    state_since: float | None = None
+    judged_at: float | None = None
     said: set[str] = field(default_factory=set)  # one alert per kind per incident
+    # Asked for through the endpoint; the server's own job carries them out at its next tick.
+    requests: deque[str] = field(default_factory=deque)
 
 
 class Healer:
@@ -57,6 +62,7 @@ class Healer:
         table: ProcessTable | None = None,
         clock: Callable[[], float] = time.time,
         stopping: Callable[[], bool] = lambda: False,
+        on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
     ) -> None:
         self.store = store
         self.alerter = alerter
@@ -64,6 +70,7 @@ class Healer:
         self.table = table or ProcessTable()
         self.clock = clock
         self.stopping = stopping
+        self.on_event = on_event
 
     def emit(self, w: Watch, kind: str, message: str, **data: object) -> None:
         now = self.clock()
@@ -78,35 +85,22 @@ class Healer:
             message,
         )
         self.store.add_event(w.server.name, now, kind, message, dict(data))
+        self.on_event(w.server.name, kind, dict(data))
         self.alerter.send(Event(kind, w.server.name, now, message, state, dict(data)))
 
-    def heal(self, w: Watch, trigger: str, reason: str) -> bool:
-        """Restart the server if the budget and the identity check allow; True when it serves."""
+    def heal(self, w: Watch, trigger: str, reason: str, *, manual: bool = False) -> bool:
+        """Restart the server if the budget and the identity check allow; True when it serves.
+
+        A manual restart (a person asked) is not held back by the budget, but counts against it
+        and passes the same identity check.
+        """
         server = w.server
         now = self.clock()
         if isinstance(w.manager, NoManager):
+            if manual:
+                self.emit(w, "refused", 'not restarting: manager = "none" observes only')
             return False
-        restarts = [r.at for r in self.store.restarts(server.name, now - server.restart.window)]
-        decision = decide(server.restart, restarts, now)
-        if decision.spent:
-            if w.needs_person is None:
-                w.needs_person = (
-                    f"{decision.used} restarts in the last {server.restart.window:g}s did not help"
-                )
-                self.store.hold(server.name, now, w.needs_person)
-                self.emit(
-                    w,
-                    "budget_spent",
-                    f"{w.needs_person}; a person is needed "
-                    f"(still probing; a healthy probe ends the hold)",
-                )
-            return False
-        if not decision.allowed:
-            log.info(
-                "%s backing off: next restart not before %.0f s from now",
-                server.name,
-                (decision.not_before or now) - now,
-            )
+        if not manual and not self._budget_allows(w, now):
             return False
 
         pid = w.manager.pid()
@@ -114,12 +108,13 @@ class Healer:
             pid = self.table.listener(server.port)
         problem = identity_problem(server, pid, self.table)
         if problem is not None:
-            if "refused" not in w.said:
+            if manual or "refused" not in w.said:
                 w.said.add("refused")
                 self.emit(w, "refused", f"not restarting: {problem}", pid=pid)
             return False
 
-        if server.restart.drain:
+        drained_here = server.restart.drain and not w.draining  # a person's drain stays
+        if drained_here:
             self._drain(w)
         if w.probe is not None:
             w.probe.abort()  # its server is about to be replaced
@@ -142,8 +137,8 @@ class Healer:
             served_at = self._await_token(server, started) if outcome.ok else None
         finally:
             w.restarting = False
-            if w.draining:
-                self._undrain(w)
+            if drained_here:
+                self.undrain(w)
         done = self.clock()
         result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
         self.store.finish_restart(rid, done, result)
@@ -171,6 +166,32 @@ class Healer:
             )
             self.emit(w, "restart_failed", why, steps=list(outcome.steps))
         return False
+
+    def _budget_allows(self, w: Watch, now: float) -> bool:
+        server = w.server
+        restarts = [r.at for r in self.store.restarts(server.name, now - server.restart.window)]
+        decision = decide(server.restart, restarts, now)
+        if decision.spent:
+            if w.needs_person is None:
+                w.needs_person = (
+                    f"{decision.used} restarts in the last {server.restart.window:g}s did not help"
+                )
+                self.store.hold(server.name, now, w.needs_person)
+                self.emit(
+                    w,
+                    "budget_spent",
+                    f"{w.needs_person}; a person is needed "
+                    f"(still probing; a healthy probe ends the hold)",
+                )
+            return False
+        if not decision.allowed:
+            log.info(
+                "%s backing off: next restart not before %.0f s from now",
+                server.name,
+                (decision.not_before or now) - now,
+            )
+            return False
+        return True
 
     def recovered(self, w: Watch, at: float, *, recover_s: float | None, how: str) -> None:
         w.dead_streak = 0
@@ -219,13 +240,19 @@ class Healer:
                 self.system.sleep(RETRY_PAUSE * 2)
         return None
 
-    def _drain(self, w: Watch) -> None:
+    def drain(self, w: Watch) -> None:
+        """Turn the server's /healthz to 503 and run drain_command."""
         w.draining = True
         settings = w.server.restart
         if settings.drain_command:
             code, out = self.system.run(settings.drain_command, settings.command_timeout)
             if code != 0:
                 log.error("%s drain_command exited %d: %s", w.server.name, code, out[-200:])
+
+    def _drain(self, w: Watch) -> None:
+        """Drain, then wait (bounded) for live clients to finish before a restart."""
+        self.drain(w)
+        settings = w.server.restart
         deadline = self.clock() + settings.drain_timeout
         while self.clock() < deadline and not self.stopping():
             live = w.inspector.sample(w.manager.pid()).live
@@ -234,7 +261,7 @@ class Healer:
             self.system.sleep(1.0)
         log.warning("%s drain_timeout reached with clients still connected", w.server.name)
 
-    def _undrain(self, w: Watch) -> None:
+    def undrain(self, w: Watch) -> None:
         settings = w.server.restart
         if settings.undrain_command:
             code, out = self.system.run(settings.undrain_command, settings.command_timeout)

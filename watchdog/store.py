@@ -239,6 +239,25 @@ class Store:
             "SELECT * FROM probes WHERE server = ? AND at >= ? ORDER BY at", (server, since)
         )
 
+    def ttfts(self, server: str, since: float) -> list[float]:
+        rows = self._rows(
+            "SELECT ttft_s FROM probes WHERE server = ? AND at >= ? AND ttft_s IS NOT NULL",
+            (server, since),
+        )
+        return [float(r[0]) for r in rows]
+
+    def last_probe(self, server: str) -> sqlite3.Row | None:
+        rows = self._rows(
+            "SELECT * FROM probes WHERE server = ? ORDER BY at DESC LIMIT 1", (server,)
+        )
+        return rows[0] if rows else None
+
+    def last_token_at(self, server: str) -> float | None:
+        rows = self._rows(
+            "SELECT MAX(at) FROM probes WHERE server = ? AND ttft_s IS NOT NULL", (server,)
+        )
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
     # -- incidents --------------------------------------------------------------------------
 
     def open_incident(
