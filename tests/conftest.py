@@ -218,6 +218,16 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
 # -- the daemon's surroundings -------------------------------------------------------------
 
 
+def gone(pid: int) -> bool:
+    """Not running (a zombie counts as gone: nothing here reaps orphans)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def until(check: Callable[[], object], timeout: float, what: str, step: float = 0.1) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -389,9 +399,9 @@ class FakeServices:
         return [self.json.loads(line) for line in self.log.read_text().splitlines()]
 
     def pids(self) -> list[int]:
-        return [
-            int(j["pid"]) for kind in self.table().values() for j in kind.values() if j.get("pid")
-        ]
+        table = self.table()
+        jobs = [*table.get("launchd", {}).values(), *table.get("systemd", {}).values()]
+        return [int(j["pid"]) for j in jobs if j.get("pid")]
 
 
 @pytest.fixture

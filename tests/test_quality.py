@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
@@ -32,5 +33,15 @@ def test_core_never_imports_click_or_rich() -> None:
             assert f"import {lib}" not in text and f"from {lib}" not in text, path.name
 
 
-def test_py_typed_ships() -> None:
-    assert (ROOT / "watchdog" / "py.typed").exists()
+def test_the_wheel_ships_every_module_and_template(tmp_path: Path) -> None:
+    """A plain (not editable) install must have all of it: subpackages are easy to forget."""
+    result = run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = set(zf.namelist())
+    wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "watchdog").rglob("*.py")}
+    wanted |= {"watchdog/py.typed"}
+    wanted |= {f"watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "launchd").glob("*.plist")}
+    wanted |= {f"watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "units").glob("*.service")}
+    assert wanted - shipped == set()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shlex
 import socket
 import sys
 import tempfile
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import click
@@ -27,6 +29,7 @@ from .config import (
     Config,
     ConfigError,
     ServerConfig,
+    append_server,
     effective,
     load_config,
     parse_duration,
@@ -35,6 +38,7 @@ from .config import (
     to_toml,
     write_template,
 )
+from .managers import System
 from .verdict import UNKNOWN_EXIT
 
 STATE_STYLE = {
@@ -461,6 +465,169 @@ def _action(action: str) -> click.Command:
 
 for _name in ("restart", "drain", "undrain"):
     cli.add_command(_action(_name))
+
+
+target_option = click.option(
+    "--target",
+    type=click.Choice(["launchd", "systemd"]),
+    help="launchd (macOS) or systemd --user (Linux); default: this platform's.",
+)
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Print the file and the commands; change nothing."
+)
+
+
+@cli.command()
+@config_option
+@target_option
+@dry_run_option
+def install(config_path: Path | None, target: str | None, dry_run: bool) -> None:
+    """Install the watchdog as a launchd agent or a systemd user unit, and start it.
+
+    Runs again safely: the job is replaced with the new file. A missing config file is
+    created from the template first.
+    """
+    from . import service
+
+    kind = cast(service.Target, target or service.default_target())
+    path = resolve_config_path(config_path)[0].expanduser().absolute()
+    if path.exists():
+        _load(path)
+    elif dry_run:
+        err.print(f"would write a config template to {path}")
+    else:
+        write_template(path)
+        err.print(f"wrote a config template to {path}; edit it, then run install again")
+    content = service.watchdog_content(
+        kind, config=path, home=Path.home(), env=os.environ, python=service.interpreter()
+    )
+    label = service.WATCHDOG_LABEL if kind == "launchd" else service.WATCHDOG_UNIT
+    plan = service.install_plan(
+        kind, label=label, content=content, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    _carry_out(plan, dry_run)
+
+
+@cli.command()
+@target_option
+@dry_run_option
+def uninstall(target: str | None, dry_run: bool) -> None:
+    """Stop the watchdog's service and remove its file (config and history stay)."""
+    from . import service
+
+    kind = cast(service.Target, target or service.default_target())
+    label = service.WATCHDOG_LABEL if kind == "launchd" else service.WATCHDOG_UNIT
+    plan = service.uninstall_plan(
+        kind, label=label, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    _carry_out(plan, dry_run)
+
+
+@cli.group()
+def server() -> None:
+    """Install or remove an mlx_lm.server service that the watchdog manages."""
+
+
+@server.command("install")
+@config_option
+@click.option("--model", required=True, help="Model folder or repo id, as mlx_lm.server takes it.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to serve on.")
+@click.option("--draft-model", help="Draft model for speculative decoding (serves serially).")
+@click.option("--name", help="The server's name in the config (default: mlx-PORT).")
+@target_option
+@dry_run_option
+def server_install(
+    config_path: Path | None,
+    model: str,
+    port: int,
+    draft_model: str | None,
+    name: str | None,
+    target: str | None,
+    dry_run: bool,
+) -> None:
+    """Install mlx_lm.server as a service and add it to the config with the matching manager."""
+    from . import service
+    from .demo import missing_server_extra
+
+    kind = cast(service.Target, target or service.default_target())
+    name = name or f"mlx-{port}"
+    url = f"http://127.0.0.1:{port}"
+    path = resolve_config_path(config_path)[0].expanduser().absolute()
+    problem = missing_server_extra()
+    if problem is not None:
+        if not dry_run:
+            raise click.ClickException(problem)
+        err.print(f"[yellow]warning:[/yellow] {escape(problem)}", soft_wrap=True)
+    existing = _load(path).servers if path.exists() else ()
+    for other in existing:
+        if other.name == name or other.url == url:
+            raise click.ClickException(
+                f'{path} already has server "{other.name}" at {other.url}; '
+                "choose another --name/--port, or edit that entry"
+            )
+    content, log = service.server_content(
+        kind,
+        name=name,
+        args=service.server_args(model, port, draft_model),
+        home=Path.home(),
+        env=os.environ,
+        python=service.interpreter(),
+    )
+    label = service.server_label(name) if kind == "launchd" else service.server_unit(name)
+    plan = service.install_plan(
+        kind, label=label, content=content, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    entry: dict[str, Any] = {"name": name, "url": url, "manager": kind}
+    if kind == "launchd":
+        entry.update(label=label, plist=str(plan.path), log_file=str(log))
+    else:
+        entry.update(unit=label)
+    block = to_toml({"server": [entry]})
+    _carry_out(plan, dry_run)
+    if dry_run:
+        click.echo(f"# would add to {path}:\n{block}", nl=False)
+        return
+    added = append_server(path, block)
+    click.echo(f"added server {name} to {added}")
+    err.print("reload a running watchdog to watch it: `mlx-watchdog install` or kill -HUP its PID")
+
+
+@server.command("uninstall")
+@click.argument("name")
+@target_option
+@dry_run_option
+def server_uninstall(name: str, target: str | None, dry_run: bool) -> None:
+    """Stop and remove the server service NAME (its config entry stays; remove it by hand)."""
+    from . import service
+
+    kind = cast(service.Target, target or service.default_target())
+    label = service.server_label(name) if kind == "launchd" else service.server_unit(name)
+    plan = service.uninstall_plan(
+        kind, label=label, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    _carry_out(plan, dry_run)
+
+
+def _carry_out(plan: Any, dry_run: bool) -> None:
+    from . import service
+
+    if dry_run:
+        if plan.content is None:
+            click.echo(f"# would remove {plan.path}")
+        else:
+            click.echo(f"# would write {plan.path} (mode 0644):")
+            click.echo(plan.content.decode(), nl=False)
+        click.echo("# would run:")
+        for argv in plan.commands:
+            click.echo("  " + shlex.join(argv))
+    else:
+        try:
+            for line in service.apply(plan, System()):
+                click.echo(line)
+        except service.ServiceError as exc:
+            raise click.ClickException(str(exc)) from None
+    for hint in plan.hints:
+        err.print(f"hint: {hint}")
 
 
 @cli.group()

@@ -701,3 +701,29 @@ def write_template(path: Path, *, force: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(TEMPLATE)
     return path
+
+
+def append_server(path: Path, block: str) -> Path:
+    """Add a `[[server]]` block to the config file (made if missing), keeping what is there.
+
+    The result is validated; if it does not load, the file is put back as it was.
+    """
+    before = path.read_text() if path.exists() else None
+    head = (
+        before
+        if before is not None
+        else (
+            "# mlx-watchdog configuration; `mlx-watchdog config init --config OTHER` shows every key.\n"
+        )
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head.rstrip("\n") + "\n\n" + block)
+    try:
+        load_config(path)
+    except ConfigError:
+        if before is None:
+            path.unlink()
+        else:
+            path.write_text(before)
+        raise
+    return path

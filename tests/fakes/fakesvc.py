@@ -3,8 +3,11 @@
 Installed under both names in a folder put first on PATH. The job table is a JSON file
 ($FAKE_SVC_STATE); every call's argv is appended to $FAKE_SVC_LOG. The jobs are real processes:
 kickstart -k and restart kill the job's process and start a new one, print/show report the
-state and PID, bootout/bootstrap unload and load. A launchd job marked "throttled" accepts a
-kickstart and does nothing, as launchd does while it throttles a job that respawned too fast.
+state and PID, bootout/bootstrap unload and load (with the plist's EnvironmentVariables), enable
+and disable are remembered per label (a disabled label cannot be bootstrapped). A launchd job
+marked "throttled" accepts a kickstart and does nothing, as launchd does while it throttles a
+job that respawned too fast. systemctl --user daemon-reload reads the user's unit files
+(ExecStart, Environment); enable/disable [--now] need a loaded unit.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import fcntl
 import json
 import os
 import plistlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -37,7 +41,12 @@ def alive(pid: int | None) -> bool:
 def spawn(job: dict[str, Any]) -> None:
     out = open(job.get("log", os.devnull), "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        job["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        job["argv"],
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=out,
+        start_new_session=True,
+        env={**os.environ, **job.get("env", {})},
     )
     job["pid"] = proc.pid
 
@@ -112,13 +121,23 @@ def launchctl(args: list[str], state: dict[str, Any]) -> int:
         job["loaded"] = False
         return 0
     if cmd == "bootstrap":
+        if len(rest) < 2:
+            print("Usage: launchctl bootstrap <domain-target> <service-path>", file=sys.stderr)
+            return 64
         if rest[0] != f"gui/{uid}":
             print(
                 "Bootstrap failed: 125: Domain does not support specified action", file=sys.stderr
             )
             return 125
-        plist = plistlib.loads(Path(rest[1]).read_bytes())
+        try:
+            plist = plistlib.loads(Path(rest[1]).read_bytes())
+        except (OSError, plistlib.InvalidFileException):
+            print(f"Bootstrap failed: 5: Input/output error ({rest[1]})", file=sys.stderr)
+            return 5
         label = plist["Label"]
+        if label in state.get("launchd_disabled", []):
+            print("Bootstrap failed: 119: Service is disabled", file=sys.stderr)
+            return 119
         job = jobs.get(label, {})
         if job.get("loaded"):
             print("Bootstrap failed: 5: Input/output error", file=sys.stderr)
@@ -129,12 +148,21 @@ def launchctl(args: list[str], state: dict[str, Any]) -> int:
             throttled=False,
             plist=rest[1],
             log=plist.get("StandardOutPath", os.devnull),
+            env=plist.get("EnvironmentVariables", {}),
         )
         jobs[label] = job
         if plist.get("RunAtLoad"):
             spawn(job)
         return 0
     if cmd in ("enable", "disable"):
+        # Remembered per label, loaded or not, as launchd keeps its overrides database.
+        domain, _, label = rest[0].rpartition("/")
+        if domain != f"gui/{uid}":
+            print(f"Could not {cmd} service: domain {domain} is not known", file=sys.stderr)
+            return 113
+        disabled = set(state.get("launchd_disabled", []))
+        (disabled.discard if cmd == "enable" else disabled.add)(label)
+        state["launchd_disabled"] = sorted(disabled)
         return 0
     print(f"Unrecognized subcommand: {cmd}", file=sys.stderr)
     return 64
@@ -157,19 +185,51 @@ def systemctl(args: list[str], state: dict[str, Any]) -> int:
         print("active" if alive(job.get("pid")) else "inactive")
         return 0 if alive(job.get("pid")) else 3
     if cmd == "daemon-reload":
+        reload_unit_files(units)
         return 0
-    unit = rest[-1] if rest else ""
+    now = "--now" in rest
+    unit = [a for a in rest if not a.startswith("-")][-1] if rest else ""
     if unit not in units:
+        if cmd in ("enable", "disable"):
+            print(f"Failed to {cmd} unit: Unit file {unit} does not exist.", file=sys.stderr)
+            return 1
         print(f"Failed to {cmd} {unit}: Unit {unit} not found.", file=sys.stderr)
         return 5
     job = units[unit]
+    if cmd in ("enable", "disable"):
+        job["enabled"] = cmd == "enable"
+        if not now:
+            return 0
+        cmd = "start" if cmd == "enable" else "stop"
     if cmd in ("restart", "stop"):
         kill(job)
     if cmd in ("restart", "start") and not alive(job.get("pid")):
         spawn(job)
-    if cmd in ("enable", "disable"):
-        return 0
     return 0
+
+
+def reload_unit_files(units: dict[str, Any]) -> None:
+    """Load the user's unit files as systemd does on daemon-reload; forget removed ones."""
+    home = Path(os.environ.get("HOME", "/"))
+    folder = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "systemd" / "user"
+    seen = set()
+    for path in sorted(folder.glob("*.service")) if folder.is_dir() else []:
+        settings: dict[str, list[str]] = {}
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not line.startswith("#"):
+                settings.setdefault(key.strip(), []).append(
+                    value.replace("%%", "%").replace("$$", "$")
+                )
+        if "ExecStart" not in settings:
+            continue
+        seen.add(path.name)
+        env = dict(v.split("=", 1) for e in settings.get("Environment", []) for v in shlex.split(e))
+        job = units.setdefault(path.name, {})
+        job.update(argv=shlex.split(settings["ExecStart"][0]), env=env, file=str(path))
+    for name in [n for n, job in units.items() if job.get("file") and n not in seen]:
+        if not alive(units[name].get("pid")):
+            del units[name]
 
 
 def main(name: str) -> int:
