@@ -106,6 +106,8 @@ class WatchdogSettings:
     state_dir: Path = field(default_factory=lambda: default_state_dir())
     alerts: tuple[str, ...] = ()
     on_event: tuple[str, ...] = ()
+    log_max_size: int = 10 * 2**20  # the watchdog's own log and each server's log_file
+    log_keep: int = 3
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,35 @@ def parse_duration(value: object, where: str) -> float:
     if seconds <= 0:
         raise ValueError(f"{where} = {_show(value)} must be longer than zero")
     return seconds
+
+
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)")
+_SIZE_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
+_SIZE_UNITS |= {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def parse_size(value: object, where: str) -> int:
+    """`"10MB"`, `"512KiB"` -> bytes."""
+    text = value.strip() if isinstance(value, str) else None
+    match = _SIZE_RE.fullmatch(text) if text else None
+    if match is None:
+        hint = (
+            f'write "{value}MB"'
+            if isinstance(value, int) and not isinstance(value, bool)
+            else ('use a number with B, KB, MB, GB, KiB, MiB or GiB, like "10MB"')
+        )
+        raise ValueError(f"{where} = {_show(value)} is not a size; {hint}")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if size <= 0:
+        raise ValueError(f"{where} = {_show(value)} must be larger than zero")
+    return size
+
+
+def format_size(size: int) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        if size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]}{unit}"
+    return f"{size}B"
 
 
 def format_duration(seconds: float) -> str:
@@ -239,7 +270,9 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
 
 # -- sections ------------------------------------------------------------------------------
 
-_WATCHDOG_KEYS = {"interval", "listen", "state_dir", "alerts", "on_event"}
+_WATCHDOG_KEYS = {f.name for f in fields(WatchdogSettings)} - {"listen_host", "listen_port"} | {
+    "listen"
+}
 _SERVER_KEYS = {f.name for f in fields(ServerConfig)}
 _PROBE_KEYS = {f.name for f in fields(ProbeSettings)}
 _RESTART_KEYS = {f.name for f in fields(RestartSettings)}
@@ -254,7 +287,11 @@ def _watchdog(raw: Mapping[str, Any], errors: list[str]) -> WatchdogSettings:
     state_dir = c.get(raw, "state_dir", _parse_path, d.state_dir)
     alerts = c.get(raw, "alerts", _parse_str_list, ())
     on_event = c.get(raw, "on_event", _parse_argv, ())
-    return WatchdogSettings(interval, host, port, state_dir, alerts, on_event)
+    log_max_size = c.get(raw, "log_max_size", parse_size, d.log_max_size)
+    log_keep = c.get(raw, "log_keep", _int_range(0, 100), d.log_keep)
+    return WatchdogSettings(
+        interval, host, port, state_dir, alerts, on_event, log_max_size, log_keep
+    )
 
 
 def _server(
@@ -576,6 +613,8 @@ def effective(config: Config) -> dict[str, Any]:
             "state_dir": str(w.state_dir),
             "alerts": [mask_url(a) for a in w.alerts],
             "on_event": list(w.on_event),
+            "log_max_size": format_size(w.log_max_size),
+            "log_keep": w.log_keep,
         },
         "server": servers,
     }
@@ -655,6 +694,8 @@ TEMPLATE = """\
 # state_dir = "~/.local/state/mlx-watchdog"   # history database and token
 # alerts = ["ntfy://my-topic"]  # Apprise URLs
 # on_event = ["/usr/local/bin/notify"]        # gets each event as JSON on stdin
+# log_max_size = "10MiB"        # its own log (under launchd) and each server's log_file
+# log_keep = 3                  # rotated copies kept: log.1 (newest) .. log.3
 
 [[server]]
 name = "mlx"

@@ -30,6 +30,7 @@ from .endpoint import DAEMON_FILE, TOKEN_FILE, ensure_token
 from .endpoint import start as start_endpoint
 from .evidence import Inspector, ProcessTable
 from .heal import Healer, Watch
+from .logs import own_log, rotate
 from .managers import System, make_manager
 from .metrics import Metrics
 from .probe import Probe, check_models
@@ -41,6 +42,7 @@ log = logging.getLogger("mlx_watchdog")
 
 STOP_TIMEOUT = 20.0  # for a restart in progress to finish by itself
 INTERRUPT_TIMEOUT = 5.0
+LOG_CHECK = 60.0  # seconds between log size checks
 BAD = ("wedged", "dead", "down")
 
 
@@ -79,6 +81,7 @@ class Daemon:
             on_event=self.metrics.event,
         )
         self.started_at = clock()
+        self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
         self.watches: dict[str, Watch] = {}
         self.scheduler: BlockingScheduler | None = None
@@ -239,11 +242,26 @@ class Daemon:
                 self._active -= 1
                 self._active_cv.notify_all()
 
+    def rotate_logs(self) -> None:
+        settings = self.config.watchdog
+        paths = [w.server.log_file for w in self.watches.values() if w.server.log_file]
+        if self.own_log is not None:
+            paths.append(self.own_log)
+        for path in paths:
+            try:
+                if rotate(path, settings.log_max_size, settings.log_keep):
+                    log.info("rotated %s (over %d bytes)", path, settings.log_max_size)
+            except OSError as exc:
+                log.error("cannot rotate %s: %s", path, exc.strerror or exc)
+
     def _schedule(self) -> None:
         assert self.scheduler is not None
         for job in self.scheduler.get_jobs():
             job.remove()
         now = datetime.now(UTC)
+        self.scheduler.add_job(
+            self.rotate_logs, "interval", id="logs", seconds=LOG_CHECK, coalesce=True
+        )
         for name in self.watches:
             self.scheduler.add_job(
                 self._job,

@@ -1,0 +1,56 @@
+"""Logs that launchd (or the process manager) appends to forever, kept under a size cap.
+
+Rotation copies and truncates instead of renaming: the writer (launchd's StandardOutPath, the
+server, the watchdog's own stderr) keeps the file open in append mode, so after a rename it
+would go on filling the renamed file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+
+def rotate(path: Path, max_bytes: int, keep: int) -> bool:
+    """When `path` is over `max_bytes`: shift path.1..path.(keep-1) up, copy to path.1,
+    truncate. True when it rotated."""
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    for i in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    if keep > 0:
+        shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    with path.open("r+b") as fh:
+        fh.truncate(0)
+    return True
+
+
+def own_log(fd: int = 2) -> Path | None:
+    """The regular file this process's stderr appends to (launchd's StandardErrorPath), if any.
+
+    None for a terminal, a pipe or the journal, and for a file not opened in append mode
+    (truncating it would leave the writer's offset behind).
+    """
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        if not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+            return None
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        if sys.platform == "darwin":
+            raw = fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))  # type: ignore[attr-defined]
+            return Path(raw.split(b"\0", 1)[0].decode())
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    return None
