@@ -46,19 +46,10 @@ class Running:
 
 
 def server_argv(model: Path, port: int) -> list[str]:
-    """The real mlx_lm.server on the tiny model, as every test starts it."""
-    return [
-        sys.executable,
-        "-m",
-        "mlx_lm",
-        "server",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        "--max-tokens",
-        "16",
-    ]
+    """The real mlx_lm.server on the tiny model, batched; add --draft-model for serial."""
+    from watchdog.demo import server_command
+
+    return server_command(model, port, serial=False)
 
 
 def _tiny_request(url: str, timeout: float) -> bool:

@@ -165,3 +165,37 @@ def test_probe_down_json() -> None:
         "live_connections",
     ):
         assert key in doc["evidence"]
+
+
+def test_status_without_a_daemon_says_so_and_exits_3() -> None:
+    result = CliRunner().invoke(cli, ["status"])
+    assert result.exit_code == 3
+    assert "not running" in result.output and "no probe recorded yet" in result.output
+    doc = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
+    assert doc["watchdog"]["running"] is False and doc["servers"][0]["state"] == "unknown"
+
+
+def test_history_without_a_database_has_no_incidents() -> None:
+    result = CliRunner().invoke(cli, ["history", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout) == []
+    bad = CliRunner().invoke(cli, ["history", "--since", "7"])
+    assert bad.exit_code == 2 and "has no unit" in bad.output
+
+
+def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "watchdog", "status", "--watch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    time.sleep(5)
+    assert proc.poll() is None  # it keeps refreshing until Ctrl-C
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err  # the watchdog is not running
+    assert "not running" in out and "mlx-8080" in out and "Traceback" not in err

@@ -10,10 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DaemonThread, Receiver, free_port, server_argv, until
+from tests.conftest import DaemonThread, Receiver, free_port, until
 from watchdog.config import parse_config
 from watchdog.daemon import Daemon
-from watchdog.demo import long_prompt, send
+from watchdog.demo import long_prompt, send, server_command
 
 pytestmark = pytest.mark.real_server
 
@@ -35,7 +35,7 @@ def process_config(
                 "name": "tiny",
                 "url": f"http://127.0.0.1:{port}",
                 "manager": "process",
-                "command": [*server_argv(tiny_model, port), "--draft-model", str(tiny_model)],
+                "command": server_command(tiny_model, port),
                 "env": {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"},
                 "log_file": str(tmp_path / "server.log"),
                 "probe": {

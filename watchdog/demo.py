@@ -70,22 +70,14 @@ def send(url: str, prompt: str, timeout: float) -> str:
     return "served"
 
 
-def server_command(model: Path, port: int) -> list[str]:
-    # --draft-model makes the server strictly serial, like a speculative-decoding setup.
-    return [
-        sys.executable,
-        "-m",
-        "mlx_lm",
-        "server",
-        "--model",
-        str(model),
-        "--draft-model",
-        str(model),
-        "--port",
-        str(port),
-        "--max-tokens",
-        "16",
-    ]
+def server_command(model: Path, port: int, *, serial: bool = True) -> list[str]:
+    """The real mlx_lm.server on the tiny model, as the demo and the tests start it.
+
+    serial: --draft-model, which makes the server strictly serial (speculative decoding
+    disables batching), as in the field.
+    """
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port)]
+    return [*argv, "--max-tokens", "16", *(["--draft-model", str(model)] if serial else [])]
 
 
 def demo_config(workdir: Path, model: Path, port: int) -> Config:
