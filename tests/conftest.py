@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from watchdog.demo import long_prompt, send
 
 TESTS = Path(__file__).parent
 START_TIMEOUT = 180.0
@@ -158,6 +162,26 @@ def _serial_server(start_real_server: StartServer, tiny_model: Path) -> Running:
 def serial_server(_serial_server: Running) -> Running:
     wait_until_idle(_serial_server)
     return _serial_server
+
+
+@pytest.fixture
+def patient_client(serial_server: Running) -> Iterator[Callable[[], None]]:
+    threads: list[threading.Thread] = []
+    outcome: list[str] = []
+
+    def start() -> None:
+        t = threading.Thread(
+            target=lambda: outcome.append(
+                send(serial_server.url, long_prompt(random.randrange(10**9)), timeout=300)
+            )
+        )
+        t.start()
+        threads.append(t)
+
+    yield start
+    for t in threads:
+        t.join(300)
+    assert outcome == ["served"] * len(threads), "the patient client was not served"
 
 
 @pytest.fixture(scope="session")

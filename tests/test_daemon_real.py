@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +82,12 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     (incident,) = t.daemon.store.incidents(0.0)
     assert incident.state == "wedged" and incident.outcome == "restarted"
     assert incident.evidence["abandoned_connections"] >= 1
+    # The client's real timeout (2 s) is read back from its connection, to about an interval.
+    match = re.match(r"1 client gave up after (\d+(?:-\d+)?) s of waiting", incident.advice or "")
+    assert match, incident.advice
+    waited = incident.evidence["gave_up_after_s"]
+    assert len(waited) == 1 and abs(waited[0] - 2.0) <= 1.0 + 0.5, waited
+    assert "raise their timeouts well above" in (incident.advice or "")
     assert incident.outage_s is not None and incident.recover_s is not None
     assert 0 < incident.recover_s <= incident.outage_s
     assert [a["outcome"] for a in incident.actions] == ["recovered"]
@@ -92,6 +99,7 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     t.daemon.alerter.flush()
     assert receiver.titles() == ["tiny is wedged", "restarting tiny", "tiny recovered"]
     assert "abandoned" in str(receiver.received[0]["message"])
+    assert "gave up after" in str(receiver.received[0]["message"])
     assert "time to recover" in str(receiver.received[2]["message"])
     events = [json.loads(line) for line in hook_out.read_text().splitlines()]
     assert [e["kind"] for e in events] == ["detected", "restarting", "recovered"]

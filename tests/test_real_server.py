@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,26 +42,6 @@ def cli(*args: str) -> tuple[int, dict[str, object]]:
         env=os.environ.copy(),
     )
     return proc.returncode, json.loads(proc.stdout)
-
-
-@pytest.fixture
-def patient_client(serial_server: Running) -> Iterator[Callable[[], None]]:
-    threads: list[threading.Thread] = []
-    outcome: list[str] = []
-
-    def start() -> None:
-        t = threading.Thread(
-            target=lambda: outcome.append(
-                send(serial_server.url, long_prompt(random.randrange(10**9)), timeout=300)
-            )
-        )
-        t.start()
-        threads.append(t)
-
-    yield start
-    for t in threads:
-        t.join(300)
-    assert outcome == ["served"] * len(threads), "the patient client was not served"
 
 
 def test_healthy(batched_server: Running) -> None:

@@ -431,6 +431,9 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
             i.outcome or "-",
         )
     out.print(table)
+    for i in incidents:
+        if i.advice:
+            out.print(f"[bold]{i.server}[/bold] {_clock(i.began_at)}: {escape(i.advice)}")
 
 
 def _clock(at: float) -> str:
@@ -628,6 +631,120 @@ def _carry_out(plan: Any, dry_run: bool) -> None:
             raise click.ClickException(str(exc)) from None
     for hint in plan.hints:
         err.print(f"hint: {hint}")
+
+
+@cli.command()
+@config_option
+@click.option("--server", "server_name", help="The configured server to calibrate.")
+@click.option("--url", help="Calibrate this server URL instead of a configured one.")
+@click.option(
+    "--sizes", default="1k,4k,16k", show_default=True, help="Prompt sizes to measure, in tokens."
+)
+@click.option(
+    "--max-prompt", help="The largest prompt clients send, e.g. 64k (default: the context length)."
+)
+@click.option(
+    "--answer-tokens", default=1024, show_default=True, help="The longest answer clients ask for."
+)
+@click.option("--force", is_flag=True, help="Calibrate even though the server is busy.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements and advice as JSON.")
+def calibrate(
+    config_path: Path | None,
+    server_name: str | None,
+    url: str | None,
+    sizes: str,
+    max_prompt: str | None,
+    answer_tokens: int,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Measure prefill and decode speed and print the timeout each client layer needs.
+
+    Sends prompts of the given sizes with a unique prefix (no prompt cache helps), fits how the
+    time to the first token grows with the prompt, stores the result in the history and turns
+    it into timeouts for the client, an agent framework and the load balancer. It is heavy on a
+    serial server, so it refuses while the server is busy unless --force.
+    """
+    from .calibrate import (
+        CalibrationError,
+        advise,
+        context_length,
+        parse_tokens,
+        refusal,
+        run_calibration,
+    )
+    from .store import Store
+
+    if url and server_name:
+        raise click.UsageError("give --url or --server, not both")
+    cfg = _load(config_path)
+    try:
+        servers = _pick(cfg, url, server_name)
+        sizes_n = [parse_tokens(s, "--sizes") for s in sizes.split(",") if s.strip()]
+        limit = parse_tokens(max_prompt, "--max-prompt") if max_prompt else None
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    if len(servers) != 1:
+        raise click.UsageError("several servers are configured; name one with --server")
+    if len(sizes_n) < 2:
+        raise click.UsageError("--sizes needs at least two sizes, like 1k,4k,16k")
+    server = servers[0]
+    why, cmdline = refusal(server)
+    if why is not None and not force:
+        err.print(
+            f"[yellow]not calibrating {server.name}:[/yellow] {escape(why)}; calibration sends "
+            "long prompts that everyone behind them would wait for. Try again when it is idle, "
+            "or pass --force.",
+            soft_wrap=True,
+        )
+        sys.exit(1)
+    say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
+    try:
+        cal = run_calibration(server, sizes_n, say=say)
+    except CalibrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    assumed = limit is None and context_length(cmdline) is None
+    prompt = limit or context_length(cmdline) or 32 * 1024
+    advice = advise(cal, prompt, answer_tokens)
+    store = Store(cfg.watchdog.state_dir / "history.db")
+    store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
+    store.close()
+    if as_json:
+        doc = {**cal.to_json(), "advice": advice.to_json(), "max_prompt_assumed": assumed}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    table = Table(box=None, padding=(0, 1), header_style="dim")
+    for column in ("prompt tokens", "first token after", "prefill rate"):
+        table.add_column(column, justify="right")
+    for p in cal.points:
+        table.add_row(
+            str(p.prompt_tokens),
+            f"{p.prefill_s:.2f} s",
+            f"{p.prompt_tokens / p.prefill_s:.0f} tok/s",
+        )
+    out.print(f"[bold]{server.name}[/bold] {server.url}")
+    out.print(table)
+    decode = f"{cal.decode_tps:.1f} tok/s" if cal.decode_tps else "not measured"
+    out.print(f"decode: {decode}")
+    size = f"{prompt // 1024}k" if prompt % 1024 == 0 else str(prompt)
+    note = " (assumed; pass --max-prompt)" if assumed else ""
+    out.print(
+        f"A {size}-token prompt{note} needs about {advice.prefill_s:.0f} s of prefill here, "
+        f"and a {answer_tokens}-token answer about {advice.answer_s:.0f} s more.",
+        soft_wrap=True,
+    )
+    largest = max(p.prompt_tokens for p in cal.points)
+    if prompt > 4 * largest:
+        out.print(
+            f"[yellow]This is extrapolated from prompts up to {largest} tokens; measure closer "
+            f"to it for a firmer figure (--sizes ...,{size}).[/yellow]",
+            soft_wrap=True,
+        )
+    out.print("Set these timeouts at least (no layer may give up before the server answers):")
+    out.print(f"  client request timeout   {advice.client_s} s")
+    out.print(f"  agent framework          {advice.agent_s} s")
+    out.print(f"  load balancer / proxy    {advice.load_balancer_s} s")
 
 
 @cli.group()

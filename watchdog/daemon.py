@@ -25,6 +25,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from . import __version__
 from .alerts import Alerter, Notify, apprise_notify
+from .calibrate import incident_advice
 from .config import Config, ConfigError, ServerConfig, load_config
 from .endpoint import DAEMON_FILE, TOKEN_FILE, ensure_token
 from .endpoint import start as start_endpoint
@@ -148,6 +149,7 @@ class Daemon:
             return
         if v.state not in BAD:
             return
+        advice = self._advice(w, v)
         if w.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
             began = now - float(v.evidence.get("waited_s") or 0.0)
@@ -155,7 +157,12 @@ class Daemon:
                 w.server.name, now, v.state, v.reason, v.evidence, began_at=began
             )
             w.incident_began = began
-            self.healer.emit(w, "detected", v.reason, **_brief(v))
+            if advice:
+                self.store.set_advice(w.incident, advice)
+            message = f"{v.reason}. {advice}" if advice else v.reason
+            self.healer.emit(w, "detected", message, advice=advice, **_brief(v))
+        elif advice:
+            self.store.set_advice(w.incident, advice)  # more clients may have given up since
         trigger = None
         if v.state == "wedged":
             trigger = "wedged"
@@ -225,6 +232,13 @@ class Daemon:
             with contextlib.suppress(JobLookupError):
                 self.scheduler.modify_job(name, next_run_time=datetime.now(UTC))
         return f"{action} of {name} queued; it runs at the server's next tick"
+
+    def _advice(self, w: Watch, v: Verdict) -> str | None:
+        waits = v.evidence.get("gave_up_after_s") or []
+        if not waits or waits == w.advised_waits:
+            return None
+        w.advised_waits = list(waits)
+        return incident_advice(waits, self.store.last_calibration(w.server.name))
 
     # -- running ----------------------------------------------------------------------------
 

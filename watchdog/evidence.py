@@ -48,6 +48,17 @@ class ProcessEvidence:
     def age(self, now: float) -> float | None:
         return None if self.create_time is None else now - self.create_time
 
+    def gave_up_after(self) -> list[float]:
+        """How long each abandoned client had waited when it left, where both ends were seen.
+
+        Both ends are sampled once a tick, so each figure is good to about one interval.
+        """
+        return sorted(
+            round(c.abandoned_since - c.first_seen, 1)
+            for c in self.clients
+            if c.abandoned_since is not None and c.abandoned_since > c.first_seen
+        )
+
     def oldest_abandoned(self, now: float) -> float | None:
         ages = [now - c.abandoned_since for c in self.clients if c.abandoned_since is not None]
         return max(ages) if ages else None

@@ -47,6 +47,7 @@ class Watch:
     last_token_at: float | None = None
     state_since: float | None = None
     judged_at: float | None = None
+    advised_waits: list[float] = field(default_factory=list)  # what the incident advice says
     said: set[str] = field(default_factory=set)  # one alert per kind per incident
     # Asked for through the endpoint; the server's own job carries them out at its next tick.
     requests: deque[str] = field(default_factory=deque)
@@ -217,6 +218,7 @@ class Healer:
         w.incident = None
         w.incident_began = None
         w.said.clear()
+        w.advised_waits = []
 
     def _await_token(self, server: ServerConfig, started: float) -> float | None:
         """Probe until a token comes (also warming the prompt cache) or startup_grace ends."""

@@ -49,6 +49,15 @@ MIGRATIONS: list[tuple[str, str]] = [
     # When serving stopped, as far as the probes saw: the send time of the first probe that
     # went unanswered, which is earlier than the moment the wedge was judged.
     ("0002_incident_began_at", "ALTER TABLE incidents ADD COLUMN began_at REAL"),
+    (
+        "0003_calibrations_and_advice",
+        """
+        CREATE TABLE calibrations (
+            id INTEGER PRIMARY KEY, server TEXT NOT NULL, at REAL NOT NULL, doc TEXT NOT NULL);
+        CREATE INDEX calibrations_server_at ON calibrations (server, at);
+        ALTER TABLE incidents ADD COLUMN advice TEXT;
+        """,
+    ),
 ]
 
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
@@ -68,6 +77,7 @@ class Incident:
     outage_s: float | None
     recover_s: float | None
     outcome: str | None
+    advice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -336,6 +346,34 @@ class Store:
         rows = self._rows(sql + " ORDER BY opened_at", args)
         return [_incident(r) for r in rows]
 
+    def set_advice(self, incident: int | None, advice: str) -> None:
+        if incident is None:
+            return
+
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute("UPDATE incidents SET advice = ? WHERE id = ?", (advice, incident))
+
+        self._guard(None, work)
+
+    # -- calibrations -----------------------------------------------------------------------
+
+    def save_calibration(self, server: str, at: float, doc: dict[str, Any]) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            with self._tx(db):
+                db.execute(
+                    "INSERT INTO calibrations (server, at, doc) VALUES (?, ?, ?)",
+                    (server, at, json.dumps(doc)),
+                )
+
+        self._guard(None, work)
+
+    def last_calibration(self, server: str) -> dict[str, Any] | None:
+        rows = self._rows(
+            "SELECT doc FROM calibrations WHERE server = ? ORDER BY at DESC LIMIT 1", (server,)
+        )
+        return json.loads(rows[0][0]) if rows else None
+
     # -- events -----------------------------------------------------------------------------
 
     def add_event(
@@ -437,4 +475,5 @@ def _incident(row: sqlite3.Row) -> Incident:
         outage_s=row["outage_s"],
         recover_s=row["recover_s"],
         outcome=row["outcome"],
+        advice=row["advice"],
     )

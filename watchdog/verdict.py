@@ -159,6 +159,7 @@ def evidence(obs: Observation, now: float) -> dict[str, Any]:
         "abandoned_connections": proc.abandoned,
         "live_connections": proc.live,
         "oldest_abandoned_s": _r(oldest),
+        "gave_up_after_s": proc.gave_up_after(),
         "process_error": proc.error or None,
     }
 

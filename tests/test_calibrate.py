@@ -1,0 +1,128 @@
+"""Calibration: the fit and the advice, and the real server measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Running
+from watchdog.calibrate import (
+    MARGIN,
+    Calibration,
+    Fit,
+    Point,
+    advise,
+    fit,
+    incident_advice,
+    parse_tokens,
+)
+from watchdog.store import Store
+
+
+def points_of(f: Fit, sizes: list[int]) -> list[Point]:
+    return [Point(n, f.prefill_s(n)) for n in sizes]
+
+
+def test_fit_recovers_a_quadratic_prefill() -> None:
+    true = Fit(a=0.05, b=1 / 2000, c=1e-8)
+    got = fit(points_of(true, [1000, 4000, 16000, 32000]))
+    for n in (2000, 64000, 128000):
+        assert got.prefill_s(n) == pytest.approx(true.prefill_s(n), rel=1e-6)
+
+
+def test_fit_falls_back_to_a_line() -> None:
+    got = fit([Point(1000, 1.0), Point(3000, 3.0)])
+    assert got.c == 0 and got.prefill_s(6000) == pytest.approx(6.0)
+    # Points that bend downwards (noise) never predict a shrinking prefill.
+    bent = fit([Point(1000, 1.0), Point(2000, 2.5), Point(3000, 3.0)])
+    assert bent.c == 0 and bent.b > 0
+
+
+def test_advice_outwaits_the_prediction_and_orders_the_layers() -> None:
+    cal = Calibration("s", 0.0, (), Fit(0.1, 1 / 500, 2e-9), decode_tps=20.0)
+    a = advise(cal, 64 * 1024, answer_tokens=1000)
+    predicted = cal.fit.prefill_s(64 * 1024) + 1000 / 20.0
+    assert a.client_s >= predicted * MARGIN and a.client_s % 30 == 0
+    assert a.client_s < a.agent_s < a.load_balancer_s
+
+
+@pytest.mark.parametrize(("text", "n"), [("64k", 65536), ("4096", 4096), ("1.5k", 1536)])
+def test_parse_tokens(text: str, n: int) -> None:
+    assert parse_tokens(text, "--max-prompt") == n
+
+
+def test_parse_tokens_names_the_option() -> None:
+    with pytest.raises(ValueError, match='--sizes = "lots" is not a token count'):
+        parse_tokens("lots", "--sizes")
+
+
+def test_incident_advice_with_and_without_a_calibration() -> None:
+    assert incident_advice([], None) is None
+    bare = incident_advice([238.0, 239.5, 241.0, 240.0], None)
+    assert bare is not None and bare.startswith("4 clients gave up after 238-241 s of waiting")
+    assert "well above 241 s" in bare and "calibrate" in bare
+    last = {"advice": {"prompt_tokens": 49 * 1024, "prefill_s": 190.0, "client_s": 300}}
+    told = incident_advice([238.0, 241.0], last)
+    assert told == (
+        "2 clients gave up after 238-241 s of waiting; a 49k-token prompt needs about 190 s "
+        "here (last calibration); raise their timeouts to at least 390 s"
+    )  # 241 s x 1.5, rounded up to 30 s, is more than the calibrated 300 s
+
+
+# -- against the real server ---------------------------------------------------------------
+
+
+def calibrate(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "watchdog", "calibrate", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ.copy(),
+    )
+
+
+@pytest.mark.real_server
+def test_calibrate_the_real_server(batched_server: Running, tmp_path: Path) -> None:
+    proc = calibrate(batched_server.url, "--sizes", "500,2k,6k", "--max-prompt", "16k", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    points = doc["points"]
+    assert [p["prompt_tokens"] for p in points] == sorted(p["prompt_tokens"] for p in points)
+    assert (
+        abs(points[0]["prompt_tokens"] - 500) < 150
+        and abs(points[-1]["prompt_tokens"] - 6144) < 600
+    )
+    assert all(p["prefill_s"] > 0 for p in points)
+    assert points[0]["prefill_s"] < points[-1]["prefill_s"]  # more prompt, more time
+    assert all((p["cached_tokens"] or 0) < 64 for p in points)  # the unique prefix works
+    assert doc["decode_tps"] is None or doc["decode_tps"] > 0
+    cal = Calibration.from_json(doc)
+    advice = doc["advice"]
+    assert advice["prompt_tokens"] == 16 * 1024
+    assert advice["client_s"] >= cal.fit.prefill_s(16 * 1024) * MARGIN
+    state = Path(os.environ["XDG_STATE_HOME"]) / "mlx-watchdog" / "history.db"
+    stored = Store(state).last_calibration(f"mlx-{batched_server.port}")
+    assert stored is not None and stored["advice"] == advice
+
+    human = calibrate(batched_server.url, "--sizes", "500,2k", "--max-prompt", "64k")
+    assert human.returncode == 0, human.stderr
+    assert "A 64k-token prompt needs about" in human.stdout
+    assert "load balancer" in human.stdout and "extrapolated" in human.stdout
+
+
+@pytest.mark.real_server
+def test_calibrate_refuses_while_a_client_is_served(
+    serial_server: Running, patient_client: Callable[[], None]
+) -> None:
+    patient_client()
+    time.sleep(1.0)
+    proc = calibrate(serial_server.url, "--sizes", "500,2k")
+    assert proc.returncode == 1 and "not calibrating" in proc.stderr and "--force" in proc.stderr
