@@ -747,6 +747,82 @@ def calibrate(
     out.print(f"  load balancer / proxy    {advice.load_balancer_s} s")
 
 
+@cli.command()
+@config_option
+@click.option("--server", "server_name", help="The configured server to drill.")
+@click.option("--url", help="Drill this server URL instead of a configured one.")
+@click.option(
+    "--prompt",
+    "prompt_size",
+    default="16k",
+    show_default=True,
+    help="Tokens in the abandoned prompt.",
+)
+@click.option(
+    "--give-up-after", default="3s", show_default=True, help="When the drill's client gives up."
+)
+@click.option(
+    "--max-wait", default="10m", show_default=True, help="Then restart through the watchdog."
+)
+@click.option("--yes", is_flag=True, help="Run it: the server stalls for its other clients.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def drill(
+    config_path: Path | None,
+    server_name: str | None,
+    url: str | None,
+    prompt_size: str,
+    give_up_after: str,
+    max_wait: str,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Reproduce the abandoned-request wedge on purpose and measure how long it lasts.
+
+    Sends one long unique prompt, gives up on it mid-prefill, then measures how long a tiny
+    request waits. Without --yes it only says what it would do. It ends when the server answers
+    again, or restarts it through the running watchdog after --max-wait. Exit 0 when the server
+    answered again, 1 when it had to be restarted or did not come back.
+    """
+    from .calibrate import parse_tokens, refusal
+    from .drill import plan, restart_through_daemon, run_drill
+
+    if url and server_name:
+        raise click.UsageError("give --url or --server, not both")
+    cfg = _load(config_path)
+    try:
+        servers = _pick(cfg, url, server_name)
+        tokens = parse_tokens(prompt_size, "--prompt")
+        give_up = parse_duration(give_up_after, "--give-up-after")
+        limit = parse_duration(max_wait, "--max-wait")
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    if len(servers) != 1:
+        raise click.UsageError("several servers are configured; name one with --server")
+    server = servers[0]
+    if not yes:
+        err.print(escape(plan(server, tokens, give_up)), soft_wrap=True)
+        err.print("Run it again with --yes to go ahead.")
+        sys.exit(1)
+    why, _ = refusal(server)
+    if why is not None:
+        raise click.ClickException(f"not drilling {server.name}: {why}; try when it is idle")
+    say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
+    result = run_drill(
+        server,
+        prompt_tokens=tokens,
+        give_up_after=give_up,
+        max_wait=limit,
+        restart=restart_through_daemon(cfg.watchdog.state_dir),
+        say=say,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        out.print(escape(result.summary()), soft_wrap=True)
+    sys.exit(0 if result.stall_s is not None else 1)
+
+
 @cli.group()
 def config() -> None:
     """Check or create the configuration file."""
