@@ -39,6 +39,11 @@ def parse_tokens(value: str, where: str) -> int:
     return int(float(match.group(1)) * (1024 if match.group(2) else 1))
 
 
+def tokens_label(tokens: int) -> str:
+    """4096 -> "4k", 1500 -> "1500"."""
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
 @dataclass(frozen=True)
 class Point:
     prompt_tokens: int
@@ -273,9 +278,7 @@ def incident_advice(waits: Sequence[float], last: dict[str, Any] | None) -> str 
             f"timeouts well above {hi:.0f} s (`mlx-watchdog calibrate` measures by how much)"
         )
     at_least = max(int(need["client_s"]), _round_up(hi * MARGIN, 30))
-    tokens = int(need["prompt_tokens"])
-    size = f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
     return (
-        f"{who}; a {size}-token prompt needs about {float(need['prefill_s']):.0f} s here "
+        f"{who}; a {tokens_label(int(need['prompt_tokens']))}-token prompt needs about {float(need['prefill_s']):.0f} s here "
         f"(last calibration); raise their timeouts to at least {at_least} s"
     )

@@ -672,6 +672,7 @@ def calibrate(
         parse_tokens,
         refusal,
         run_calibration,
+        tokens_label,
     )
     from .store import Store
 
@@ -727,7 +728,7 @@ def calibrate(
     out.print(table)
     decode = f"{cal.decode_tps:.1f} tok/s" if cal.decode_tps else "not measured"
     out.print(f"decode: {decode}")
-    size = f"{prompt // 1024}k" if prompt % 1024 == 0 else str(prompt)
+    size = tokens_label(prompt)
     note = " (assumed; pass --max-prompt)" if assumed else ""
     out.print(
         f"A {size}-token prompt{note} needs about {advice.prefill_s:.0f} s of prefill here, "
@@ -821,6 +822,40 @@ def drill(
     else:
         out.print(escape(result.summary()), soft_wrap=True)
     sys.exit(0 if result.stall_s is not None else 1)
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--litellm-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A LiteLLM proxy config to check: timeouts, retries and fallbacks.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool) -> None:
+    """Check what decides whether the wedge can happen here, and say how to fix it.
+
+    Config, service, the watchdog's endpoint, each server (a generation, the probe's cost,
+    serial serving, API key file, last calibration) and, with --litellm-config, the proxy's
+    timeouts, retries and fallbacks. Exit 0 all ok, 1 warnings, 2 problems.
+    """
+    from .doctor import exit_code, run_doctor
+
+    cfg = _load(config_path)
+    findings = []
+    style = {"ok": "green", "warning": "yellow", "problem": "bold red"}
+    for f in run_doctor(cfg, litellm=litellm_config):
+        findings.append(f)
+        if not as_json:
+            line = (
+                f"[{style[f.level]}]{f.level:8}[/] [bold]{escape(f.what)}[/bold] {escape(f.detail)}"
+            )
+            out.print(line, soft_wrap=True)
+            if f.fix:
+                out.print(f"         fix: {escape(f.fix)}", style="dim", soft_wrap=True)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(f) for f in findings], indent=2))
+    sys.exit(exit_code(findings))
 
 
 @cli.group()

@@ -1,0 +1,184 @@
+"""`mlx-watchdog doctor` against good and bad setups, and the LiteLLM config it reads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Running
+from watchdog.calibrate import Calibration, Fit, Point, advise
+from watchdog.config import Config, parse_config
+from watchdog.doctor import Finding, exit_code, run_doctor
+from watchdog.litellm import LiteLLMConfigError, fallback_problems, load
+from watchdog.store import Store
+
+
+def setup(
+    tmp_path: Path, url: str, *, key_mode: int | None = None, calibrated: bool = True
+) -> Config:
+    server: dict[str, object] = {"name": "mac1", "url": url}
+    if key_mode is not None:
+        key = tmp_path / "key"
+        key.write_text("not-the-real-key\n")
+        key.chmod(key_mode)
+        server["api_key_file"] = str(key)
+    config = parse_config({"watchdog": {"state_dir": str(tmp_path / "state")}, "server": [server]})
+    if calibrated:
+        cal = Calibration(
+            "mac1", time.time(), (Point(1024, 0.5), Point(4096, 2.0)), Fit(0, 1 / 2000, 0), 50.0
+        )
+        store = Store(tmp_path / "state" / "history.db")
+        store.save_calibration(
+            "mac1", cal.at, {**cal.to_json(), "advice": advise(cal, 64 * 1024).to_json()}
+        )
+        store.close()
+    return config
+
+
+def litellm(tmp_path: Path, url: str, *, timeout: int, retries: int, fallbacks: str) -> Path:
+    path = tmp_path / "litellm.yaml"
+    path.write_text(
+        f"""model_list:
+  - model_name: qwen-mac1
+    litellm_params: {{model: openai/qwen, api_base: "{url}/v1", timeout: {timeout}, stream_timeout: {timeout}}}
+  - model_name: qwen-mac1-again
+    litellm_params: {{model: openai/qwen, api_base: "{url}/v1", timeout: {timeout}}}
+  - model_name: qwen-mac2
+    litellm_params: {{model: openai/qwen, api_base: "http://10.0.0.12:8080/v1", timeout: 900}}
+router_settings:
+  num_retries: {retries}
+  fallbacks: {fallbacks}
+"""
+    )
+    return path
+
+
+def doctor(config: Config, tmp_path: Path, litellm_path: Path | None = None) -> list[Finding]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return list(run_doctor(config, litellm=litellm_path, home=home, env={"HOME": str(home)}))
+
+
+def by_level(findings: list[Finding], level: str) -> list[str]:
+    return [f"{f.what}: {f.detail}" for f in findings if f.level == level]
+
+
+@pytest.mark.real_server
+def test_a_good_setup_has_no_problems(batched_server: Running, tmp_path: Path) -> None:
+    config = setup(tmp_path, batched_server.url, key_mode=0o600)
+    ll = litellm(
+        tmp_path,
+        batched_server.url,
+        timeout=900,
+        retries=0,
+        fallbacks='[{"qwen-mac1": ["qwen-mac2"]}]',
+    )
+    findings = doctor(config, tmp_path, ll)
+    assert by_level(findings, "problem") == []
+    ok = "\n".join(by_level(findings, "ok"))
+    assert "config: valid" in ok and "mac1: serves: first token in" in ok
+    assert "probe cost: 1 prompt token(s) computed" in ok or "probe cost: 0 prompt" in ok
+    assert "batched (no --draft-model)" in ok and "is private (mode 600)" in ok
+    assert "calibrated 1 min ago: a 64k-token prompt needs about" in ok
+    assert 'litellm: "qwen-mac1" (' in ok and "outlasts the prefill" in ok
+    warnings = "\n".join(by_level(findings, "warning"))
+    assert "not installed as a" in warnings and "watchdog: the watchdog is not running" in warnings
+    assert exit_code(findings) == 1
+
+
+@pytest.mark.real_server
+def test_a_bad_setup_is_explained_with_fixes(serial_server: Running, tmp_path: Path) -> None:
+    config = setup(tmp_path, serial_server.url, key_mode=0o644)
+    ll = litellm(
+        tmp_path,
+        serial_server.url,
+        timeout=60,
+        retries=2,
+        fallbacks='[{"qwen-mac1": ["qwen-mac1-again", "qwen-mac2"]}]',
+    )
+    findings = doctor(config, tmp_path, ll)
+    problems = "\n".join(by_level(findings, "problem"))
+    assert "is readable by others (mode 644)" in problems
+    assert (
+        '"qwen-mac1" (' in problems and "timeout 60 s, stream_timeout 60 s, below the" in problems
+    )
+    assert (
+        'fallback "qwen-mac1" -> "qwen-mac1-again" retries on the deployment that just failed'
+        in problems
+    )
+    warnings = "\n".join(by_level(findings, "warning"))
+    assert "serves one request at a time" in warnings and "num_retries = 2" in warnings
+    assert all(f.fix for f in findings if f.level == "problem")
+    assert exit_code(findings) == 2
+
+
+def test_a_server_that_is_down_and_never_calibrated(tmp_path: Path) -> None:
+    config = setup(tmp_path, "http://127.0.0.1:1", calibrated=False)
+    findings = doctor(config, tmp_path)
+    assert any(f.level == "problem" and "no generation" in f.detail for f in findings)
+    assert any(f.level == "warning" and "never calibrated" in f.detail for f in findings)
+
+
+def test_malformed_litellm_yaml_is_a_clear_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('model_list:\n  - model_name: a\n    litellm_params: {api_base: "x"\n')
+    with pytest.raises(LiteLLMConfigError, match=r"bad.yaml: not valid YAML at line 4, column 1"):
+        load(bad)
+    config = setup(tmp_path, "http://127.0.0.1:1", calibrated=False)
+    (finding,) = [f for f in doctor(config, tmp_path, bad) if f.what == "litellm"]
+    assert finding.level == "problem" and "not valid YAML at line 4" in finding.detail
+
+
+def test_litellm_shapes_that_are_not_a_config(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    for text, message in (
+        ("- a\n- b\n", "a mapping with a model_list"),
+        ("general_settings: {}\n", "model_list is missing"),
+        ("model_list:\n  - litellm_params: {}\n", "model_list\\[0\\] has no model_name"),
+        (
+            "model_list:\n  - model_name: a\n    litellm_params: {timeout: soon}\n",
+            "a.timeout = 'soon'",
+        ),
+    ):
+        path.write_text(text)
+        with pytest.raises(LiteLLMConfigError, match=message):
+            load(path)
+
+
+def test_a_fallback_to_the_same_machine_first(tmp_path: Path) -> None:
+    path = tmp_path / "l.yaml"
+    path.write_text(
+        """model_list:
+  - {model_name: big, litellm_params: {api_base: "http://mac1:8080/v1"}}
+  - {model_name: small, litellm_params: {api_base: "http://mac1:8081/v1"}}
+  - {model_name: other, litellm_params: {api_base: "http://mac2:8080/v1"}}
+router_settings:
+  fallbacks: [{"big": ["small", "other"]}, {"small": ["other"]}]
+"""
+    )
+    (problem,) = fallback_problems(load(path))
+    assert problem.startswith('fallback "big" goes to the same machine first (mac1)')
+
+
+def test_doctor_command_exit_code_and_json(tmp_path: Path) -> None:
+    import json
+
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[watchdog]\nstate_dir = "{tmp_path / "s"}"\n[[server]]\nurl = "http://127.0.0.1:1"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "watchdog", "doctor", "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 2, proc.stderr
+    levels = {f["level"] for f in json.loads(proc.stdout)}
+    assert levels == {"ok", "warning", "problem"}
