@@ -416,28 +416,32 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
     if not incidents:
         err.print(f"no incidents in the last {since}")
         return
-    table = Table(box=None, padding=(0, 2), header_style="dim")
-    for column in ("server", "start", "end", "outage", "reason", "actions", "outcome"):
-        table.add_column(column, overflow="fold")
+    table = Table(box=None, padding=(0, 1), header_style="dim")
+    for column in ("#", "server", "state", "start", "end", "outage", "actions", "outcome"):
+        table.add_column(
+            column, no_wrap=column != "actions", min_width=7 if column == "actions" else None
+        )
     for i in incidents:
         actions = ", ".join(f"{a['action']}: {a['outcome']}" for a in i.actions) or "-"
         table.add_row(
+            str(i.id),
             i.server,
+            i.state,
             _clock(i.began_at),
-            "open" if i.closed_at is None else _clock(i.closed_at),
+            "open" if i.closed_at is None else _clock(i.closed_at, short=True),
             "-" if i.outage_s is None else f"{i.outage_s:.1f} s",
-            escape(i.reason),
             escape(actions),
             i.outcome or "-",
         )
     out.print(table)
     for i in incidents:
+        out.print(f"[bold]#{i.id}[/bold] {escape(i.reason)}", soft_wrap=True)
         if i.advice:
-            out.print(f"[bold]{i.server}[/bold] {_clock(i.began_at)}: {escape(i.advice)}")
+            out.print(f"    [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
 
 
-def _clock(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+def _clock(at: float, short: bool = False) -> str:
+    return time.strftime("%H:%M:%S" if short else "%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def _action(action: str) -> click.Command:
