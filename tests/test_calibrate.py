@@ -112,10 +112,26 @@ def test_calibrate_the_real_server(batched_server: Running, tmp_path: Path) -> N
     stored = Store(state).last_calibration(f"mlx-{batched_server.port}")
     assert stored is not None and stored["advice"] == advice
 
-    human = calibrate(batched_server.url, "--sizes", "500,2k", "--max-prompt", "64k")
+    proxy = tmp_path / "litellm.yaml"
+    proxy.write_text(
+        "model_list:\n  - model_name: local\n    litellm_params:\n"
+        f'      {{model: openai/x, api_base: "{batched_server.url}/v1", timeout: 1}}\n'
+    )
+    human = calibrate(
+        batched_server.url,
+        "--sizes",
+        "500,2k",
+        "--max-prompt",
+        "64k",
+        "--litellm-config",
+        str(proxy),
+    )
     assert human.returncode == 0, human.stderr
     assert "A 64k-token prompt needs about" in human.stdout
     assert "load balancer" in human.stdout and "extrapolated" in human.stdout
+    assert (
+        '"local"' in human.stderr and "timeout 1 s" in human.stderr and "below the" in human.stderr
+    )
 
 
 @pytest.mark.real_server

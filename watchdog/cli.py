@@ -651,6 +651,11 @@ def _carry_out(plan: Any, dry_run: bool) -> None:
     "--answer-tokens", default=1024, show_default=True, help="The longest answer clients ask for."
 )
 @click.option("--force", is_flag=True, help="Calibrate even though the server is busy.")
+@click.option(
+    "--litellm-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Warn when this LiteLLM config's timeouts are below the need.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements and advice as JSON.")
 def calibrate(
     config_path: Path | None,
@@ -660,6 +665,7 @@ def calibrate(
     max_prompt: str | None,
     answer_tokens: int,
     force: bool,
+    litellm_config: Path | None,
     as_json: bool,
 ) -> None:
     """Measure prefill and decode speed and print the timeout each client layer needs.
@@ -750,6 +756,13 @@ def calibrate(
     out.print(f"  client request timeout   {advice.client_s} s")
     out.print(f"  agent framework          {advice.agent_s} s")
     out.print(f"  load balancer / proxy    {advice.load_balancer_s} s")
+    if litellm_config is not None:
+        from .doctor import litellm_findings
+
+        cfg_one = dataclasses.replace(cfg, servers=(server,))
+        for f in litellm_findings(litellm_config, cfg_one, {server.name: advice}):
+            if f.level != "ok":
+                err.print(f"[yellow]{f.level}:[/yellow] {escape(f.detail)}", soft_wrap=True)
 
 
 @cli.command()

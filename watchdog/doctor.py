@@ -63,7 +63,7 @@ def run_doctor(
         for server in config.servers:
             yield from _server(server, store, now(), advice)
         if litellm is not None:
-            yield from _litellm(litellm, config, advice)
+            yield from litellm_findings(litellm, config, advice)
     finally:
         store.close()
 
@@ -194,7 +194,8 @@ def _key_file(name: str, path: Path) -> Finding:
     return Finding("ok", name, f"api_key_file {path} is private (mode {mode:o})")
 
 
-def _litellm(path: Path, config: Config, advice: dict[str, Advice]) -> Iterator[Finding]:
+def litellm_findings(path: Path, config: Config, advice: dict[str, Advice]) -> Iterator[Finding]:
+    """The proxy's timeouts against what each calibrated server needs, its retries, fallbacks."""
     try:
         cfg = load(path)
     except LiteLLMConfigError as exc:
