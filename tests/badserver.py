@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import socketserver
 import struct
@@ -196,8 +197,14 @@ class Handler(socketserver.BaseRequestHandler):
         self.server.stop.wait()
 
     def gen_hang_later(self, sock: socket.socket) -> None:
-        """Serves the first --ok-requests requests, then never releases its slot again."""
-        if self.server.requests <= self.server.ok_requests:
+        """Serves the first --ok-requests requests (or until --hang-file exists), then never
+        releases its slot again."""
+        hang_file = self.server.hang_file
+        if hang_file is not None:
+            healthy = not os.path.exists(hang_file)
+        else:
+            healthy = self.server.requests <= self.server.ok_requests
+        if healthy:
             self.gen_ok(sock)
         else:
             self.gen_hang(sock)
@@ -212,8 +219,11 @@ class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, mode: str, delay: float, ok_requests: int = 0) -> None:
+    def __init__(
+        self, port: int, mode: str, delay: float, ok_requests: int = 0, hang_file: str | None = None
+    ) -> None:
         super().__init__(("127.0.0.1", port), Handler)
+        self.hang_file = hang_file
         self.mode = mode
         self.delay = delay
         self.ok_requests = ok_requests
@@ -230,8 +240,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--delay", type=float, default=1.5)
     parser.add_argument("--ok-requests", type=int, default=3)
+    parser.add_argument("--hang-file")
     args = parser.parse_args()
-    server = Server(args.port, args.mode, args.delay, args.ok_requests)
+    server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file)
     print("ready", flush=True)
     server.serve_forever()
 

@@ -147,8 +147,11 @@ class Inspector:
             return ProcessEvidence(pid=None, local=False, error="the server is on another machine")
         now = self.clock()
         port = self.server.port
+        guessed = pid is None and self._proc is not None
         try:
-            pid = pid if pid is not None else self.table.listener(port)
+            if pid is None:
+                # The last listener is checked below; a full scan is costly (every socket).
+                pid = self._proc.pid if self._proc is not None else self.table.listener(port)
         except (psutil.Error, OSError) as exc:
             return ProcessEvidence(pid=None, error=f"cannot list listening sockets: {exc}")
         if pid is None:
@@ -167,10 +170,15 @@ class Inspector:
             conns = proc.net_connections("tcp")
         except psutil.NoSuchProcess:
             self._proc = None
+            if guessed:
+                return self.sample(None, exclude)
             return ProcessEvidence(pid=None, error=f"process {pid} exited")
         except (psutil.AccessDenied, psutil.ZombieProcess) as exc:
             return ProcessEvidence(pid=pid, error=f"cannot inspect PID {pid}: {type(exc).__name__}")
 
+        if guessed and not any(_listens(c, port) for c in conns):
+            self._proc = None  # no longer the server: scan for the one that listens now
+            return self.sample(None, exclude)
         skip = {_normal(a) for a in exclude}
         seen: dict[Address, Client] = {}
         for conn in conns:

@@ -1,0 +1,255 @@
+"""The watchers compared, each a faithful small model of what people run today.
+
+Every time is divided by the run's compression factor `k` (the ratios stay). Each watcher
+restarts the server only through `box.restart(name)`, and counts the generation requests of its
+own that it gave up on while the server was still working on them: abandoned requests it made.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from bench.harness import TINY, Box
+
+
+class Watcher(Protocol):
+    name: str
+    detected_at: float | None
+    own_abandoned: int
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Polling:
+    """A loop that checks every `period`, with a `timeout`, and restarts after `threshold`
+    failures in a row. The shape of the common scripts and of a Kubernetes liveness probe."""
+
+    name: str
+    box: Box
+    period: float
+    timeout: float
+    threshold: int
+    method: str  # "models", "health" or "generate"
+    detected_at: float | None = None
+    own_abandoned: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout + 5)
+
+    def check(self) -> bool:
+        url = self.box.url
+        try:
+            if self.method == "models":
+                return httpx.get(url + "/v1/models", timeout=self.timeout).status_code == 200
+            if self.method == "health":
+                return httpx.get(url + "/health", timeout=self.timeout).status_code == 200
+            r = httpx.post(url + "/v1/chat/completions", json=TINY, timeout=self.timeout)
+            return r.status_code == 200
+        except httpx.TimeoutException:
+            if self.method == "generate":
+                self.own_abandoned += 1  # it hung up; the server still owes that request
+            return False
+        except httpx.HTTPError:
+            return False
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.wait(self.period):
+            if self.check():
+                failures = 0
+                continue
+            failures += 1
+            if failures >= self.threshold:
+                self.detected_at = self.detected_at or time.time()
+                self.box.restart(self.name)
+                failures = 0
+
+
+def models_probe(box: Box, k: float) -> Polling:
+    # GET /v1/models every 10 s, 5 s timeout, restart after 3 failures in a row.
+    return Polling("models-probe", box, 10 / k, 5 / k, 3, "models")
+
+
+def health_probe(box: Box, k: float) -> Polling:
+    # The same loop on mlx_lm.server's own GET /health.
+    return Polling("health-probe", box, 10 / k, 5 / k, 3, "health")
+
+
+def k8s_liveness(box: Box, k: float) -> Polling:
+    # A generation request as the liveness probe, with Kubernetes' defaults: periodSeconds 10,
+    # timeoutSeconds 1, failureThreshold 3 (the kubelet restarts the container).
+    return Polling("k8s-liveness", box, 10 / k, 1 / k, 3, "generate")
+
+
+@dataclass
+class TimeoutBusy:
+    """A generation probe with a long timeout; a timeout counts as "busy", not dead, and only
+    15 minutes of busy in a row lead to a restart (the careful shell watchdogs for MLX)."""
+
+    box: Box
+    k: float
+    name: str = "timeout-busy"
+    detected_at: float | None = None
+    own_abandoned: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        period, timeout, busy_limit = 30 / self.k, 120 / self.k, 900 / self.k
+        busy_since: float | None = None
+        while not self._stop.wait(period):
+            try:
+                r = httpx.post(self.box.url + "/v1/chat/completions", json=TINY, timeout=timeout)
+                ok = r.status_code == 200
+                busy_since = None if ok else busy_since
+                if not ok:
+                    self._restart()
+            except httpx.TimeoutException:
+                self.own_abandoned += 1
+                busy_since = busy_since or time.time()
+                if time.time() - busy_since >= busy_limit:
+                    self._restart()
+                    busy_since = None
+            except httpx.HTTPError:
+                self._restart()  # refused: the server is down
+
+    def _restart(self) -> None:
+        self.detected_at = self.detected_at or time.time()
+        self.box.restart(self.name)
+
+
+class BoxManager:
+    """mlx-watchdog's manager interface over the bench's Box: restarts go through the Box."""
+
+    kind = "command"
+
+    def __init__(self, box: Box) -> None:
+        self.box = box
+
+    def pid(self) -> int | None:
+        return self.box.pid()
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def restart(self) -> object:
+        from watchdog.managers import Outcome
+
+        before = self.box.pid()
+        self.box.restart("mlx-watchdog")
+        return Outcome(True, f"replaced PID {before} with {self.box.pid()}")
+
+
+@dataclass
+class MlxWatchdog:
+    """The real daemon, with its defaults divided by k, restarting through the Box."""
+
+    box: Box
+    k: float
+    state_dir: str
+    name: str = "mlx-watchdog"
+    match: str = "mlx_lm"
+    detected_at: float | None = None
+    own_abandoned: int = 0
+    daemon: object = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        from watchdog.config import ProbeSettings, RestartSettings, parse_config
+        from watchdog.daemon import Daemon
+
+        p, r = ProbeSettings(), RestartSettings()
+        k = self.k
+        config = parse_config(
+            {
+                "watchdog": {
+                    "interval": f"{30 / k}s",
+                    "listen": "off",
+                    "state_dir": self.state_dir,
+                },
+                "server": [
+                    {
+                        "name": "bench",
+                        "url": self.box.url,
+                        "match": self.match,
+                        "probe": {
+                            "slow_after": f"{p.slow_after / k}s",
+                            "wedge_after": f"{p.wedge_after / k}s",
+                            "max_busy": f"{p.max_busy / k}s",
+                            "startup_grace": f"{p.startup_grace / k}s",
+                            "hard_timeout": f"{p.hard_timeout / k}s",
+                        },
+                        "restart": {
+                            "window": f"{r.window / k}s",
+                            "backoff": f"{r.backoff / k}s",
+                            "max_restarts": r.max_restarts,
+                        },
+                    }
+                ],
+            }
+        )
+        daemon = Daemon(config)
+        watch = daemon.watches["bench"]
+        watch.manager = BoxManager(self.box)  # type: ignore[assignment]
+        original = daemon.healer.emit
+
+        def emit(w: object, kind: str, message: str, **data: object) -> None:
+            if kind == "detected":
+                self.detected_at = self.detected_at or time.time()
+            original(w, kind, message, **data)  # type: ignore[arg-type]
+
+        daemon.healer.emit = emit  # type: ignore[method-assign]
+        self.daemon = daemon
+        self._thread = threading.Thread(
+            target=lambda: daemon.run(install_signals=False), daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        from watchdog.daemon import Daemon
+
+        assert isinstance(self.daemon, Daemon)
+        self.daemon.stop()
+        if self._thread is not None:
+            self._thread.join(60)
+
+
+def make(name: str, box: Box, k: float, state_dir: str) -> Watcher:
+    if name == "mlx-watchdog":
+        return MlxWatchdog(box, k, state_dir)
+    if name == "timeout-busy":
+        return TimeoutBusy(box, k)
+    return {
+        "models-probe": models_probe,
+        "health-probe": health_probe,
+        "k8s-liveness": k8s_liveness,
+    }[name](box, k)
+
+
+WATCHERS = ("mlx-watchdog", "models-probe", "health-probe", "k8s-liveness", "timeout-busy")
