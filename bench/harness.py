@@ -31,10 +31,16 @@ def free_port() -> int:
 
 
 def tiny_request(url: str, timeout: float) -> bool:
+    """A one-token request answered with a token (JSON, or the SSE stream the tests'
+    misbehaving server always sends)."""
     try:
         r = httpx.post(url + "/v1/chat/completions", json=TINY, timeout=timeout)
-        return r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-    except (httpx.HTTPError, ValueError, KeyError):
+        if r.status_code != 200:
+            return False
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            return '"content"' in r.text
+        return int(r.json()["usage"]["completion_tokens"]) >= 1
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return False
 
 
@@ -46,6 +52,7 @@ class Box:
     env: dict[str, str] = field(default_factory=dict)
     restarts: list[tuple[float, str]] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -70,7 +77,8 @@ class Box:
             deadline = time.monotonic() + timeout
             while not tiny_request(self.url, timeout=10):
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"the server did not serve; see {self.log}")
+                    self.stop()
+                    raise RuntimeError(f"the server did not serve:\n{self.log.read_text()[-2000:]}")
                 time.sleep(0.2)
 
     def kill(self) -> None:
@@ -80,9 +88,17 @@ class Box:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def close(self) -> None:
+        """The run is over: stop the server, and no later restart may start another."""
+        with self.lock:
+            self.closed = True
+            self.stop()
+
     def restart(self, by: str) -> None:
         """What a service manager does: stop (TERM, then KILL), start again, return."""
         with self.lock:
+            if self.closed:
+                return
             self.restarts.append((time.time(), by))
             self.stop()
             self.start(wait=False)

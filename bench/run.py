@@ -51,6 +51,8 @@ class Result:
 def run_one(
     scenario: str, watcher: str, k: float, observe: float, work: Path, model: Path
 ) -> Result:
+    if scenario == "permanent" and watcher == "timeout-busy":
+        observe = max(observe, (900 + 2 * 30) / k + 5)  # long enough for its 15 min of busy
     port = free_port()
     hang_file = work / f"hang-{port}"
     if scenario == "permanent":
@@ -111,7 +113,7 @@ def run_one(
     for t in clients:
         t.join(120)
     prober.join(30)
-    box.stop()
+    box.close()
     restarts = [t for t, by in box.restarts if by == watcher]
     first_restart = min(restarts) if restarts else None
     detected_at = w.detected_at or first_restart

@@ -75,7 +75,7 @@ class Polling:
                 failures = 0
                 continue
             failures += 1
-            if failures >= self.threshold:
+            if failures >= self.threshold and not self._stop.is_set():
                 self.detected_at = self.detected_at or time.time()
                 self.box.restart(self.name)
                 failures = 0
@@ -116,6 +116,8 @@ class TimeoutBusy:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120 / self.k + 5)
 
     def _loop(self) -> None:
         period, timeout, busy_limit = 30 / self.k, 120 / self.k, 900 / self.k
@@ -137,6 +139,8 @@ class TimeoutBusy:
                 self._restart()  # refused: the server is down
 
     def _restart(self) -> None:
+        if self._stop.is_set():
+            return  # the run is over: what it sees now is the bench taking the server down
         self.detected_at = self.detected_at or time.time()
         self.box.restart(self.name)
 

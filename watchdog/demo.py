@@ -61,12 +61,15 @@ def long_prompt(seed: int, words: int = 3000) -> str:
 
 
 def send(url: str, prompt: str, timeout: float) -> str:
-    """A non-streaming chat request: "served", or "gave up" when the client timeout hit."""
+    """A non-streaming chat request: "served", "gave up" when the client timeout hit, or
+    "error" (refused, reset: the server went away)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
     try:
         httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout)
     except httpx.TimeoutException:
         return "gave up"
+    except httpx.HTTPError:
+        return "error"
     return "served"
 
 
