@@ -126,7 +126,8 @@ def run_one(
         back_s=None if (b := prober.back_after(t0)) is None else round(b, 1),
         restarts=len(restarts),
         false_restarts=len(restarts) if wrong else 0,
-        cut_off=prober.cut_off(restarts) + sum(o == "error" for o in outcomes),
+        # The abandoning clients gave up anyway; only live clients (patient, steady) count.
+        cut_off=prober.cut_off(restarts) + (sum(o == "error" for o in outcomes) if wrong else 0),
         own_abandoned=w.own_abandoned,
         observed_s=observe,
     )
@@ -319,7 +320,7 @@ def main() -> None:
     parser.add_argument("--watchers", help="watchers, comma-separated")
     args = parser.parse_args()
     k = 20.0 if args.quick else 10.0
-    scale = 0.5 if args.quick else 1.0
+    scale = 0.4 if args.quick else 1.0
     scenarios = args.only.split(",") if args.only else list(SCENARIOS)
     watchers = args.watchers.split(",") if args.watchers else list(WATCHERS)
     started = time.time()

@@ -2,7 +2,7 @@
 
 Run as its own process (`python tests/badserver.py --port P --mode M`) so the watchdog inspects
 a separate PID, as it would the real server. Every mode answers `GET /v1/models` properly
-unless the mode is about that endpoint.
+unless the mode is about that endpoint, and `GET /health` with 200.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ class Handler(socketserver.BaseRequestHandler):
         mode = self.server.mode
         if method == "GET" and path.startswith("/v1/models"):
             self.models(sock, mode)
+        elif method == "GET" and path == "/health":  # like mlx_lm.server: up means 200
+            sock.sendall(head(200, "application/json") + b'{"status": "ok"}')
         elif method == "POST" and path == "/v1/chat/completions":
             self.server.requests += 1
             getattr(self, "gen_" + mode)(sock)
