@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
@@ -27,21 +27,19 @@ class Watcher(Protocol):
     def stop(self) -> None: ...
 
 
-@dataclass
-class Polling:
-    """A loop that checks every `period`, with a `timeout`, and restarts after `threshold`
-    failures in a row. The shape of the common scripts and of a Kubernetes liveness probe."""
+class Loop:
+    """A watcher thread: `_loop` runs until `stop()`; a restart after stop is dropped (what it
+    sees then is the bench taking the server down)."""
 
-    name: str
+    name = ""
     box: Box
-    period: float
-    timeout: float
-    threshold: int
-    method: str  # "models", "health" or "generate"
-    detected_at: float | None = None
-    own_abandoned: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    longest_wait = 5.0  # its longest request: stop() waits that long for the thread
+
+    def __init__(self) -> None:
+        self.detected_at: float | None = None
+        self.own_abandoned = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -50,7 +48,29 @@ class Polling:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(self.timeout + 5)
+            self._thread.join(self.longest_wait + 5)
+
+    def _restart(self) -> None:
+        if self._stop.is_set():
+            return
+        self.detected_at = self.detected_at or time.time()
+        self.box.restart(self.name)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class Polling(Loop):
+    """A loop that checks every `period`, with a `timeout`, and restarts after `threshold`
+    failures in a row. The shape of the common scripts and of a Kubernetes liveness probe."""
+
+    def __init__(
+        self, name: str, box: Box, period: float, timeout: float, threshold: int, method: str
+    ) -> None:
+        super().__init__()
+        self.name, self.box, self.method = name, box, method  # "models", "health", "generate"
+        self.period, self.timeout, self.threshold = period, timeout, threshold
+        self.longest_wait = timeout
 
     def check(self) -> bool:
         url = self.box.url
@@ -75,9 +95,8 @@ class Polling:
                 failures = 0
                 continue
             failures += 1
-            if failures >= self.threshold and not self._stop.is_set():
-                self.detected_at = self.detected_at or time.time()
-                self.box.restart(self.name)
+            if failures >= self.threshold:
+                self._restart()
                 failures = 0
 
 
@@ -97,27 +116,16 @@ def k8s_liveness(box: Box, k: float) -> Polling:
     return Polling("k8s-liveness", box, 10 / k, 1 / k, 3, "generate")
 
 
-@dataclass
-class TimeoutBusy:
+class TimeoutBusy(Loop):
     """A generation probe with a long timeout; a timeout counts as "busy", not dead, and only
     15 minutes of busy in a row lead to a restart (the careful shell watchdogs for MLX)."""
 
-    box: Box
-    k: float
-    name: str = "timeout-busy"
-    detected_at: float | None = None
-    own_abandoned: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    name = "timeout-busy"
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(120 / self.k + 5)
+    def __init__(self, box: Box, k: float) -> None:
+        super().__init__()
+        self.box, self.k = box, k
+        self.longest_wait = 120 / k
 
     def _loop(self) -> None:
         period, timeout, busy_limit = 30 / self.k, 120 / self.k, 900 / self.k
@@ -125,9 +133,8 @@ class TimeoutBusy:
         while not self._stop.wait(period):
             try:
                 r = httpx.post(self.box.url + "/v1/chat/completions", json=TINY, timeout=timeout)
-                ok = r.status_code == 200
-                busy_since = None if ok else busy_since
-                if not ok:
+                busy_since = None
+                if r.status_code != 200:
                     self._restart()
             except httpx.TimeoutException:
                 self.own_abandoned += 1
@@ -137,12 +144,6 @@ class TimeoutBusy:
                     busy_since = None
             except httpx.HTTPError:
                 self._restart()  # refused: the server is down
-
-    def _restart(self) -> None:
-        if self._stop.is_set():
-            return  # the run is over: what it sees now is the bench taking the server down
-        self.detected_at = self.detected_at or time.time()
-        self.box.restart(self.name)
 
 
 class BoxManager:
