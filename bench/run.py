@@ -52,7 +52,8 @@ def run_one(
     scenario: str, watcher: str, k: float, observe: float, work: Path, model: Path
 ) -> Result:
     if scenario == "permanent" and watcher == "timeout-busy":
-        observe = max(observe, (900 + 2 * 30) / k + 5)  # long enough for its 15 min of busy
+        # Long enough for its 15 min of busy, counted from its first timed-out probe.
+        observe = max(observe, (900 + 30 + 120) / k + 10)
     port = free_port()
     hang_file = work / f"hang-{port}"
     if scenario == "permanent":
@@ -308,6 +309,8 @@ def table(results: list[Result]) -> str:
 
 
 OBSERVE = {"abandoned": 30.0, "permanent": 25.0, "patient": 30.0, "crash": 25.0, "steady": 25.0}
+# Quick: long enough for mlx-watchdog at k = 20 (a crash waits startup_grace, 6 s, to restart).
+QUICK = {"abandoned": 10.0, "permanent": 8.0, "patient": 10.0, "crash": 11.0, "steady": 8.0}
 
 
 def main() -> None:
@@ -320,7 +323,7 @@ def main() -> None:
     parser.add_argument("--watchers", help="watchers, comma-separated")
     args = parser.parse_args()
     k = 20.0 if args.quick else 10.0
-    scale = 0.4 if args.quick else 1.0
+    windows = QUICK if args.quick else OBSERVE
     scenarios = args.only.split(",") if args.only else list(SCENARIOS)
     watchers = args.watchers.split(",") if args.watchers else list(WATCHERS)
     started = time.time()
@@ -336,7 +339,7 @@ def main() -> None:
         results = []
         for scenario in scenarios:
             for watcher in watchers:
-                r = run_one(scenario, watcher, k, OBSERVE[scenario] * scale, work, model)
+                r = run_one(scenario, watcher, k, windows[scenario], work, model)
                 print(
                     f"  {scenario:9} {watcher:13} {json.dumps(asdict(r))}",
                     file=sys.stderr,
