@@ -22,6 +22,20 @@ TESTS = Path(__file__).parent
 START_TIMEOUT = 180.0
 
 
+def mlx_watchdog(
+    *args: str, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The command as a person runs it: a new process, no stdin, 120 columns."""
+    return subprocess.run(
+        [sys.executable, "-m", "watchdog", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "120", **(env or {})},
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

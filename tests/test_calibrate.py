@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Running
+from tests.conftest import Running, mlx_watchdog
 from watchdog.calibrate import (
     MARGIN,
     Calibration,
@@ -80,13 +79,7 @@ def test_incident_advice_with_and_without_a_calibration() -> None:
 
 
 def calibrate(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "watchdog", "calibrate", "--url", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ.copy(),
-    )
+    return mlx_watchdog("calibrate", "--url", url, *args, timeout=300)
 
 
 @pytest.mark.real_server

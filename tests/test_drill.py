@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import Running, wait_until_idle
+from tests.conftest import Running, mlx_watchdog, wait_until_idle
 
 
 def drill(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "watchdog", "drill", "--url", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ.copy(),
-    )
+    return mlx_watchdog("drill", "--url", url, *args, timeout=600)
 
 
 def test_drill_without_yes_says_what_it_would_do_and_sends_nothing() -> None:

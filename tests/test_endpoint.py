@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import BadByPidfile, DaemonThread, Running, until
+from tests.conftest import BadByPidfile, DaemonThread, Running, mlx_watchdog, until
 from tests.test_daemon import FAST_PROBE, command_config
 from watchdog.config import Config, parse_config
 from watchdog.daemon import Daemon
@@ -179,13 +178,7 @@ def test_manual_restart_goes_through_the_restart_path(
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "watchdog", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "120"},
-    )
+    return mlx_watchdog(*args, "--config", str(config), timeout=60)
 
 
 def test_status_and_history_with_the_daemon_running_and_stopped(

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Running, StartServer, free_port
+from tests.conftest import Running, StartServer, free_port, mlx_watchdog
 from watchdog.check import check_once
 from watchdog.config import ProbeSettings, ServerConfig
 from watchdog.demo import long_prompt, send
@@ -34,13 +31,7 @@ def server_config(url: str) -> ServerConfig:
 
 
 def cli(*args: str) -> tuple[int, dict[str, object]]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "watchdog", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ.copy(),
-    )
+    proc = mlx_watchdog(*args)
     return proc.returncode, json.loads(proc.stdout)
 
 

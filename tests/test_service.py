@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import FakeServices, free_port, gone, until
+from tests.conftest import FakeServices, free_port, gone, mlx_watchdog, until
 from watchdog import service
 from watchdog.config import load_config, to_toml
 
@@ -27,16 +27,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(h / ".config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(h / ".local" / "state"))
     return h
-
-
-def mlx_watchdog(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "watchdog", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def write_config(home: Path, url: str = "http://127.0.0.1:1") -> Path:
