@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Running
+from tests.conftest import Running, mlx_watchdog
 from watchdog.calibrate import Calibration, Fit, Point, advise
 from watchdog.config import Config, parse_config
 from watchdog.doctor import Finding, exit_code, run_doctor
@@ -172,13 +169,7 @@ def test_doctor_command_exit_code_and_json(tmp_path: Path) -> None:
     config.write_text(
         f'[watchdog]\nstate_dir = "{tmp_path / "s"}"\n[[server]]\nurl = "http://127.0.0.1:1"\n'
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "watchdog", "doctor", "--config", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "HOME": str(tmp_path)},
-    )
+    proc = mlx_watchdog("doctor", "--config", str(config), "--json", env={"HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr
     levels = {f["level"] for f in json.loads(proc.stdout)}
     assert levels == {"ok", "warning", "problem"}
