@@ -70,7 +70,7 @@ def calibrate(
         run_calibration,
         tokens_label,
     )
-    from .store import Store
+    from .store import open_history
 
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")
@@ -104,7 +104,7 @@ def calibrate(
     assumed = limit is None and context_length(cmdline) is None
     prompt = limit or context_length(cmdline) or 32 * 1024
     advice = advise(cal, prompt, answer_tokens)
-    store = Store(cfg.watchdog.state_dir / "history.db")
+    store = open_history(cfg.watchdog.state_dir)
     store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
     store.close()
     if as_json:

@@ -135,22 +135,18 @@ def _ms(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the incidents as JSON.")
 def history(config_path: Path | None, since: str, server_name: str | None, as_json: bool) -> None:
     """List incidents: start, end, outage, reason, actions and outcome."""
-    from .store import Store
+    from .store import open_history
 
     cfg = load_or_exit(config_path)
     try:
         window = parse_duration(since, "--since")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    db = cfg.watchdog.state_dir / "history.db"
-    if not db.exists():
-        incidents = []
-    else:
-        store = Store(db)
-        try:
-            incidents = store.incidents(time.time() - window, server_name)
-        finally:
-            store.close()
+    store = open_history(cfg.watchdog.state_dir, create=False)
+    try:
+        incidents = store.incidents(time.time() - window, server_name)
+    finally:
+        store.close()
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(i) for i in incidents], indent=2))
         return

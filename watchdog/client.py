@@ -17,7 +17,7 @@ import psutil
 from .config import Config
 from .endpoint import DAEMON_FILE, TOKEN_FILE
 from .status import from_history
-from .store import Store
+from .store import open_history
 
 TIMEOUT = 5.0
 
@@ -58,8 +58,7 @@ def live_status(state_dir: Path) -> dict[str, Any]:
 def history_status(config: Config, why: str, now: float | None = None) -> dict[str, Any]:
     """The status document built from the history database, saying why it is not live."""
     now = time.time() if now is None else now
-    db = config.watchdog.state_dir / "history.db"
-    store = Store(db if db.exists() else None)
+    store = open_history(config.watchdog.state_dir, create=False)
     try:
         servers = [from_history(s, store, now) for s in config.servers]
     finally:

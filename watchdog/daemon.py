@@ -36,7 +36,7 @@ from .managers import System, make_manager
 from .metrics import Metrics
 from .probe import Probe, check_models
 from .status import describe
-from .store import Store
+from .store import HISTORY_FILE, Store
 from .verdict import Observation, Verdict, judge
 
 log = logging.getLogger("mlx_watchdog")
@@ -64,7 +64,7 @@ class Daemon:
         self.table = table or ProcessTable()
         self.clock = clock
         self.state_dir = config.watchdog.state_dir
-        self.store = Store(self.state_dir / "history.db", clock=clock)
+        self.store = Store(self.state_dir / HISTORY_FILE, clock=clock)
         self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
         self._stop = threading.Event()
         self._reload = threading.Event()

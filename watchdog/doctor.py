@@ -19,7 +19,7 @@ from .evidence import is_local_host
 from .litellm import LiteLLMConfigError, fallback_problems, load
 from .managers import System
 from .probe import OK, Probe
-from .store import Store
+from .store import Store, open_history
 
 Level = Literal["ok", "warning", "problem"]
 LITELLM_DEFAULT_TIMEOUT = 600.0  # what the proxy waits when the config names no timeout
@@ -56,8 +56,7 @@ def run_doctor(
         yield Finding("warning", "config", warning)
     yield _service(system, home, env)
     yield _endpoint(config)
-    db = config.watchdog.state_dir / "history.db"
-    store = Store(db if db.exists() else None)
+    store = open_history(config.watchdog.state_dir, create=False)
     try:
         advice: dict[str, Advice] = {}
         for server in config.servers:

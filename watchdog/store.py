@@ -60,6 +60,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
 ]
 
+HISTORY_FILE = "history.db"
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
 
 
@@ -477,3 +478,10 @@ def _incident(row: sqlite3.Row) -> Incident:
         outcome=row["outcome"],
         advice=row["advice"],
     )
+
+
+def open_history(state_dir: Path, *, create: bool = True) -> Store:
+    """The history in `state_dir`. A reader (`create=False`) gets an empty in-memory store
+    when there is none yet, instead of creating the file."""
+    path = state_dir / HISTORY_FILE
+    return Store(path if create or path.exists() else None)
