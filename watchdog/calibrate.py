@@ -230,17 +230,17 @@ def _decode(server: ServerConfig, timeout: float) -> float | None:
 def context_length(cmdline: Sequence[str]) -> int | None:
     """The served model's context length, when its folder is on this machine."""
     args = list(cmdline)
-    for flag in ("--model",):
-        if flag in args and args.index(flag) + 1 < len(args):
-            config = Path(args[args.index(flag) + 1]).expanduser() / "config.json"
-            try:
-                doc = json.loads(config.read_text())
-            except (OSError, ValueError):
-                return None
-            for d in (doc, doc.get("text_config") or {}):
-                for key in ("max_position_embeddings", "max_sequence_length", "n_ctx"):
-                    if isinstance(d.get(key), int):
-                        return int(d[key])
+    if "--model" not in args or args.index("--model") + 1 >= len(args):
+        return None
+    config = Path(args[args.index("--model") + 1]).expanduser() / "config.json"
+    try:
+        doc = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    for d in (doc, doc.get("text_config") or {}):
+        for key in ("max_position_embeddings", "max_sequence_length", "n_ctx"):
+            if isinstance(d.get(key), int):
+                return int(d[key])
     return None
 
 

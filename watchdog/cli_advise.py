@@ -101,8 +101,9 @@ def calibrate(
         cal = run_calibration(server, sizes_n, say=say)
     except CalibrationError as exc:
         raise click.ClickException(str(exc)) from None
-    assumed = limit is None and context_length(cmdline) is None
-    prompt = limit or context_length(cmdline) or 32 * 1024
+    prompt = limit or context_length(cmdline)
+    assumed = prompt is None
+    prompt = prompt or 32 * 1024
     advice = advise(cal, prompt, answer_tokens)
     store = open_history(cfg.watchdog.state_dir)
     store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
