@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import ROOT, Box, Prober, free_port, python
 from bench.watchers import WATCHERS, make
-from watchdog.demo import long_prompt, send, server_command
+from mlx_watchdog.demo.run import long_prompt, send, server_command
 
 SCENARIOS = ("abandoned", "permanent", "patient", "crash", "steady")
 GIVE_UP_AFTER = 2.0  # the abandoning clients' timeout; their prompts take ~15 s to prefill
@@ -172,8 +172,8 @@ def _steady(url: str, duration: float) -> list[str]:
 
 def probe_cost(model: Path, work: Path, probes: int) -> dict[str, Any]:
     """Prompt tokens computed (not cached) and completion tokens per probe, on the real server."""
-    from watchdog.config import ServerConfig
-    from watchdog.probe import Probe
+    from mlx_watchdog.config import ServerConfig
+    from mlx_watchdog.sense.probe import Probe
 
     port = free_port()
     hub = work / "hub"
@@ -218,7 +218,7 @@ def footprint(work: Path, probes: int) -> dict[str, Any]:
         f'[[server]]\nname = "fp"\nurl = "http://127.0.0.1:{port}"\nmatch = "badserver"\n'
     )
     daemon = subprocess.Popen(
-        [python(), "-m", "watchdog", "run", "--config", str(config)],
+        [python(), "-m", "mlx_watchdog", "run", "--config", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=ROOT,
@@ -247,7 +247,7 @@ def footprint(work: Path, probes: int) -> dict[str, Any]:
         for _ in range(5):
             t = time.perf_counter()
             subprocess.run(
-                [python(), "-m", "watchdog", "status", "--config", str(config), "--json"],
+                [python(), "-m", "mlx_watchdog", "status", "--config", str(config), "--json"],
                 capture_output=True,
                 check=False,
                 cwd=ROOT,
@@ -333,7 +333,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="mlx-watchdog-bench-") as tmp:
         work = Path(tmp)
-        from watchdog.tinymodel import build_model
+        from mlx_watchdog.demo.tinymodel import build_model
 
         model = build_model(work / "model")
         results = []

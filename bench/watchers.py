@@ -164,7 +164,7 @@ class BoxManager:
         pass
 
     def restart(self) -> object:
-        from watchdog.managers import Outcome
+        from mlx_watchdog.act.managers import Outcome
 
         before = self.box.pid()
         self.box.restart("mlx-watchdog")
@@ -186,8 +186,8 @@ class MlxWatchdog:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        from watchdog.config import ProbeSettings, RestartSettings, parse_config
-        from watchdog.daemon import Daemon
+        from mlx_watchdog.config import ProbeSettings, RestartSettings, parse_config
+        from mlx_watchdog.serve.daemon import Daemon
 
         p, r = ProbeSettings(), RestartSettings()
         k = self.k
@@ -237,7 +237,7 @@ class MlxWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        from watchdog.daemon import Daemon
+        from mlx_watchdog.serve.daemon import Daemon
 
         assert isinstance(self.daemon, Daemon)
         self.daemon.stop()

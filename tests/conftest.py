@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from watchdog.demo import long_prompt, send
+from mlx_watchdog.demo.run import long_prompt, send
 
 TESTS = Path(__file__).parent
 START_TIMEOUT = 180.0
@@ -27,7 +27,7 @@ def mlx_watchdog(
 ) -> subprocess.CompletedProcess[str]:
     """The command as a person runs it: a new process, no stdin, 120 columns."""
     return subprocess.run(
-        [sys.executable, "-m", "watchdog", *args],
+        [sys.executable, "-m", "mlx_watchdog", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -65,7 +65,7 @@ class Running:
 
 def server_argv(model: Path, port: int) -> list[str]:
     """The real mlx_lm.server on the tiny model, batched; add --draft-model for serial."""
-    from watchdog.demo import server_command
+    from mlx_watchdog.demo.run import server_command
 
     return server_command(model, port, serial=False)
 
@@ -122,7 +122,7 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     subprocess.run(
-        [sys.executable, "-m", "watchdog.tinymodel", str(out)], check=True, capture_output=True
+        [sys.executable, "-m", "mlx_watchdog.demo.tinymodel", str(out)], check=True, capture_output=True
     )
     return out
 
@@ -328,7 +328,7 @@ class DaemonThread:
     def __init__(self, daemon: object) -> None:
         import threading
 
-        from watchdog.daemon import Daemon
+        from mlx_watchdog.serve.daemon import Daemon
 
         assert isinstance(daemon, Daemon)
         self.daemon = daemon

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.record.alerts import Alerter, Event
 from tests.conftest import Receiver
-from watchdog.alerts import Alerter, Event
 
 
 def event(kind: str = "detected") -> Event:

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.judge.check import check_once
+from mlx_watchdog.judge.verdict import Observation, judge
+from mlx_watchdog.sense.evidence import Inspector
+from mlx_watchdog.sense.probe import Probe
 from tests.conftest import Running, free_port
-from watchdog.check import check_once
-from watchdog.config import ProbeSettings, ServerConfig
-from watchdog.evidence import Inspector
-from watchdog.probe import Probe
-from watchdog.verdict import Observation, judge
 
 FAST = ProbeSettings(
     slow_after=0.5,

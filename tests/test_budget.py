@@ -3,8 +3,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from watchdog.budget import decide
-from watchdog.config import RestartSettings
+from mlx_watchdog.config import RestartSettings
+from mlx_watchdog.judge.budget import decide
 
 R = RestartSettings(max_restarts=3, window=3600, backoff=30)
 

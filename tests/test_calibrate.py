@@ -11,18 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.advice.calibrate import Calibration, Fit, Point, advise, fit, parse_tokens
+from mlx_watchdog.judge.advice import MARGIN, incident_advice
+from mlx_watchdog.record.store import Store
 from tests.conftest import Running, mlx_watchdog
-from watchdog.calibrate import (
-    MARGIN,
-    Calibration,
-    Fit,
-    Point,
-    advise,
-    fit,
-    incident_advice,
-    parse_tokens,
-)
-from watchdog.store import Store
 
 
 def points_of(f: Fit, sizes: list[int]) -> list[Point]:

@@ -13,8 +13,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from mlx_watchdog.cli import cli
 from tests.conftest import Running, free_port
-from watchdog.cli import cli
 
 
 def all_commands(
@@ -39,7 +39,7 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
 
 def test_module_entry_point_runs() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "watchdog", "--version"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "mlx_watchdog", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("mlx-watchdog, version ")
 
@@ -120,7 +120,7 @@ def test_probe_sends_the_api_key(bad_server: Callable[..., Running], tmp_path: P
 def test_probe_human_output_and_exit_code(bad_server: Callable[..., Running]) -> None:
     srv = bad_server("ok")
     proc = subprocess.run(
-        [sys.executable, "-m", "watchdog", "probe", "--url", srv.url],
+        [sys.executable, "-m", "mlx_watchdog", "probe", "--url", srv.url],
         capture_output=True,
         text=True,
         timeout=60,
@@ -187,7 +187,7 @@ def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "watchdog", "status", "--watch"],
+        [sys.executable, "-m", "mlx_watchdog", "status", "--watch"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import (
+from mlx_watchdog.config import (
     TEMPLATE,
     ConfigError,
     effective,

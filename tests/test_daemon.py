@@ -12,6 +12,10 @@ from pathlib import Path
 
 import psutil
 
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.judge.budget import decide
+from mlx_watchdog.record.store import Store
+from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import (
     RESTART_BAD,
     TESTS,
@@ -22,10 +26,6 @@ from tests.conftest import (
     listens,
     until,
 )
-from watchdog.budget import decide
-from watchdog.config import parse_config
-from watchdog.daemon import Daemon
-from watchdog.store import Store
 
 FAST_PROBE = {
     "slow_after": "300ms",
@@ -152,7 +152,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
 def daemon_process(config_path: Path, stderr: Path) -> subprocess.Popen[bytes]:
     with stderr.open("ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "watchdog", "run", "--config", str(config_path)],
+            [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(config_path)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -160,7 +160,7 @@ def daemon_process(config_path: Path, stderr: Path) -> subprocess.Popen[bytes]:
 
 
 def toml(data: dict[str, object]) -> str:
-    from watchdog.config import to_toml
+    from mlx_watchdog.config import to_toml
 
     return to_toml(data)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.demo.run import long_prompt, send, server_command
+from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import DaemonThread, Receiver, free_port, until
-from watchdog.config import parse_config
-from watchdog.daemon import Daemon
-from watchdog.demo import long_prompt, send, server_command
 
 pytestmark = pytest.mark.real_server
 

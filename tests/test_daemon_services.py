@@ -12,10 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlx_watchdog.config import Config, parse_config
+from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import TESTS, DaemonThread, FakeServices, Receiver, free_port, until
 from tests.test_daemon import FAST_PROBE
-from watchdog.config import Config, parse_config
-from watchdog.daemon import Daemon
 
 LABEL = "com.example.mlx-server"
 UNIT = "mlx-server.service"

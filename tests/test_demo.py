@@ -11,7 +11,7 @@ import pytest
 
 
 def demo(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
-    code = f"{prelude}\nimport sys\nfrom watchdog.cli import main\nsys.argv = ['mlx-watchdog', 'demo', *{list(args)!r}]\nmain()\n"
+    code = f"{prelude}\nimport sys\nfrom mlx_watchdog.cli import main\nsys.argv = ['mlx-watchdog', 'demo', *{list(args)!r}]\nmain()\n"
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.advice.calibrate import Calibration, Fit, Point, advise
+from mlx_watchdog.advice.doctor import Finding, exit_code, run_doctor
+from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
+from mlx_watchdog.config import Config, parse_config
+from mlx_watchdog.record.store import Store
 from tests.conftest import Running, mlx_watchdog
-from watchdog.calibrate import Calibration, Fit, Point, advise
-from watchdog.config import Config, parse_config
-from watchdog.doctor import Finding, exit_code, run_doctor
-from watchdog.litellm import LiteLLMConfigError, fallback_problems, load
-from watchdog.store import Store
 
 
 def setup(

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mlx_watchdog.config import Config, parse_config
+from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import BadByPidfile, DaemonThread, Running, mlx_watchdog, until
 from tests.test_daemon import FAST_PROBE, command_config
-from watchdog.config import Config, parse_config
-from watchdog.daemon import Daemon
 
 
 def two_servers(tmp_path: Path, good: Running, bad: Running) -> Config:

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.evidence import Inspector, ProcessTable, is_local_host
 from tests.conftest import Running
-from watchdog.config import ServerConfig
-from watchdog.evidence import Inspector, ProcessTable, is_local_host
 
 
 class Clock:

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import psutil
 
+from mlx_watchdog.act.heal import Healer, Watch
+from mlx_watchdog.act.managers import System, identity_problem
+from mlx_watchdog.act.managers.launchd import LaunchdManager
+from mlx_watchdog.act.managers.process import ProcessManager
+from mlx_watchdog.act.managers.systemd import SystemdManager
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.record.alerts import Alerter
+from mlx_watchdog.record.store import Store
+from mlx_watchdog.sense.evidence import Inspector, ProcessTable
 from tests.conftest import TESTS, FakeServices, free_port, until
-from watchdog.alerts import Alerter
-from watchdog.config import ServerConfig
-from watchdog.evidence import Inspector, ProcessTable
-from watchdog.heal import Healer, Watch
-from watchdog.managers import System, identity_problem
-from watchdog.managers.launchd import LaunchdManager
-from watchdog.managers.process import ProcessManager
-from watchdog.managers.systemd import SystemdManager
-from watchdog.store import Store
 
 LABEL = "com.example.mlx-server"
 
@@ -83,7 +83,7 @@ def test_launchd_throttled_job_escalates_to_bootout_and_bootstrap(
     table["launchd"][LABEL]["throttled"] = True
     fake_services.save(table)
 
-    import watchdog.managers.launchd as mod
+    import mlx_watchdog.act.managers.launchd as mod
 
     mod.REPLACE_TIMEOUT, saved = 1.0, mod.REPLACE_TIMEOUT
     try:

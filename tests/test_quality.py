@@ -1,4 +1,4 @@
-"""The package stays typed (mypy strict) and lint-clean; both run as part of the suite."""
+"""The package stays typed (mypy strict), lint-clean and layered; all run as part of the suite."""
 
 from __future__ import annotations
 
@@ -7,41 +7,85 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True)
+def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
 
 
-def test_mypy_strict() -> None:
-    result = run("mypy")
+def test_mypy_strict(tmp_path: Path) -> None:
+    # The folder is watchdog/, the package mlx_watchdog: mypy finds it under its import name.
+    (tmp_path / "mlx_watchdog").symlink_to(ROOT / "watchdog")
+    result = run("mypy", "-p", "mlx_watchdog", MYPYPATH=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_ruff() -> None:
-    result = run("ruff", "check", "watchdog", "tests")
+    result = run("ruff", "check", "watchdog", "tests", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_core_never_imports_click_or_rich() -> None:
-    for path in (ROOT / "watchdog").glob("*.py"):
-        if path.name.startswith("cli") or path.name == "__main__.py":
-            continue
-        text = path.read_text()
-        for lib in ("click", "rich"):
-            assert f"import {lib}" not in text and f"from {lib}" not in text, path.name
+def test_layers_and_no_click_or_rich_in_the_core() -> None:
+    """The import-linter contracts in pyproject.toml: each layer imports only those below it."""
+    result = subprocess.run(
+        [Path(sys.executable).with_name("lint-imports"), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout
 
 
-def test_the_wheel_ships_every_module_and_template(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    result = run("pip", "wheel", "--no-deps", "-q", "-w", str(out), ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (built,) = out.glob("*.whl")
+    return built
+
+
+def test_the_wheel_ships_every_module_and_template(wheel: Path) -> None:
     """A plain (not editable) install must have all of it: subpackages are easy to forget."""
-    result = run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), ".")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (wheel,) = tmp_path.glob("*.whl")
     with zipfile.ZipFile(wheel) as zf:
         shipped = set(zf.namelist())
-    wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "watchdog").rglob("*.py")}
-    wanted |= {"watchdog/py.typed"}
-    wanted |= {f"watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "launchd").glob("*.plist")}
-    wanted |= {f"watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "units").glob("*.service")}
+    wanted = {f"mlx_watchdog/{p.relative_to(ROOT / 'watchdog')}" for p in (ROOT / "watchdog").rglob("*.py")}
+    wanted |= {"mlx_watchdog/py.typed"}
+    wanted |= {f"mlx_watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "launchd").glob("*.plist")}
+    wanted |= {f"mlx_watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "units").glob("*.service")}
     assert wanted - shipped == set()
+    assert not any(name.startswith("watchdog/") for name in shipped)
+
+
+def test_installs_beside_the_watchdog_library(wheel: Path, tmp_path: Path) -> None:
+    """The filesystem-events library `watchdog` and mlx-watchdog live in one environment."""
+    target = tmp_path / "site"
+    result = run("pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel), "watchdog")
+    assert result.returncode == 0, result.stdout + result.stderr
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import watchdog.events, mlx_watchdog, mlx_watchdog.judge.budget;"
+        "print(watchdog.events.FileSystemEventHandler.__name__);"
+        "print(mlx_watchdog.__file__); print(watchdog.__file__)"
+    )
+    # -S: only the target folder, not this checkout's editable install.
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(target)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    handler, ours, theirs = done.stdout.split()
+    assert handler == "FileSystemEventHandler"
+    assert ours.startswith(str(target / "mlx_watchdog"))
+    assert theirs.startswith(str(target / "watchdog"))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.demo.run import long_prompt, send
+from mlx_watchdog.judge.check import check_once
 from tests.conftest import Running, StartServer, free_port, mlx_watchdog
-from watchdog.check import check_once
-from watchdog.config import ProbeSettings, ServerConfig
-from watchdog.demo import long_prompt, send
 
 pytestmark = pytest.mark.real_server
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlx_watchdog import service
+from mlx_watchdog.config import load_config, to_toml
 from tests.conftest import FakeServices, free_port, gone, mlx_watchdog, until
-from watchdog import service
-from watchdog.config import load_config, to_toml
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_watchdog_plist_has_its_keys_and_absolute_paths(home: Path) -> None:
     assert data["ProgramArguments"] == [
         "/v/bin/python",
         "-m",
-        "watchdog",
+        "mlx_watchdog",
         "run",
         "--config",
         str(config),

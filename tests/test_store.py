@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.store import MIGRATIONS, Store
+from mlx_watchdog.record.store import MIGRATIONS, Store
 
 
 def test_incident_lifecycle(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_locked_database_skips_the_write(tmp_path: Path) -> None:
 
 
 def test_probe_retention_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import watchdog.store as mod
+    import mlx_watchdog.record.store as mod
 
     monkeypatch.setattr(mod, "PROBES_KEPT", 100)
     store = Store(tmp_path / "h.db")

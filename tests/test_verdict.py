@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from watchdog.config import ProbeSettings
-from watchdog.evidence import Client, ProcessEvidence
-from watchdog.probe import ModelsCheck, ProbeSnapshot
-from watchdog.verdict import EXIT_CODES, STATES, Observation, judge
+from mlx_watchdog.config import ProbeSettings
+from mlx_watchdog.judge.verdict import EXIT_CODES, STATES, Observation, judge
+from mlx_watchdog.sense.evidence import Client, ProcessEvidence
+from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
 
 S = ProbeSettings(slow_after=10, wedge_after=60, max_busy=900, startup_grace=120, hard_timeout=1800)
 T0 = 1_000_000.0

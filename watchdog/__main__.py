@@ -1,3 +1,3 @@
-from .cli import main
+from mlx_watchdog.cli import main
 
 main()

@@ -1,0 +1,279 @@
+"""The one restart path, for the daemon's triggers and a manual restart alike.
+
+budget -> identity check -> drain -> restart through the manager -> wait for a token -> undrain
+-> record. The restart is written to the history *before* the manager acts, so a watchdog killed
+mid-restart still counts it against the budget when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from mlx_watchdog.act.managers import (
+    Manager,
+    ManagerError,
+    NoManager,
+    Outcome,
+    System,
+    identity_problem,
+)
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.budget import decide
+from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.alerts import Alerter, Event
+from mlx_watchdog.record.store import Store
+from mlx_watchdog.sense.evidence import Inspector, ProcessTable
+from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, ModelsCheck, Probe
+
+log = logging.getLogger("mlx_watchdog")
+
+RETRY_PAUSE = 0.5
+
+
+@dataclass
+class Watch:
+    """What the daemon keeps about one server between ticks. Only its own job touches it."""
+
+    server: ServerConfig
+    manager: Manager
+    inspector: Inspector
+    probe: Probe | None = None
+    models: ModelsCheck | None = None
+    verdict: Verdict | None = None
+    dead_streak: int = 0
+    down_since: float | None = None
+    incident: int | None = None
+    incident_began: float | None = None  # when serving stopped, as the probes saw it
+    needs_person: str | None = None
+    draining: bool = False
+    restarting: bool = False
+    last_token_at: float | None = None
+    state_since: float | None = None
+    judged_at: float | None = None
+    advised_waits: list[float] = field(default_factory=list)  # what the incident advice says
+    said: set[str] = field(default_factory=set)  # one alert per kind per incident
+    # Asked for through the endpoint; the server's own job carries them out at its next tick.
+    requests: deque[str] = field(default_factory=deque)
+
+
+class Healer:
+    def __init__(
+        self,
+        store: Store,
+        alerter: Alerter,
+        *,
+        system: System | None = None,
+        table: ProcessTable | None = None,
+        clock: Callable[[], float] = time.time,
+        stopping: Callable[[], bool] = lambda: False,
+        on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
+    ) -> None:
+        self.store = store
+        self.alerter = alerter
+        self.system = system or System()
+        self.table = table or ProcessTable()
+        self.clock = clock
+        self.stopping = stopping
+        self.on_event = on_event
+
+    def emit(self, w: Watch, kind: str, message: str, **data: object) -> None:
+        now = self.clock()
+        state = w.verdict.state if w.verdict else None
+        log.log(
+            logging.ERROR
+            if kind in ("restart_failed", "budget_spent", "refused")
+            else logging.WARNING,
+            "%s %s: %s",
+            w.server.name,
+            kind,
+            message,
+        )
+        self.store.add_event(w.server.name, now, kind, message, dict(data))
+        self.on_event(w.server.name, kind, dict(data))
+        self.alerter.send(Event(kind, w.server.name, now, message, state, dict(data)))
+
+    def heal(self, w: Watch, trigger: str, reason: str, *, manual: bool = False) -> bool:
+        """Restart the server if the budget and the identity check allow; True when it serves.
+
+        A manual restart (a person asked) is not held back by the budget, but counts against it
+        and passes the same identity check.
+        """
+        server = w.server
+        now = self.clock()
+        if isinstance(w.manager, NoManager):
+            if manual:
+                self.emit(w, "refused", 'not restarting: manager = "none" observes only')
+            return False
+        if not manual and not self._budget_allows(w, now):
+            return False
+
+        pid = w.manager.pid()
+        if pid is None and w.manager.kind == "command":
+            pid = self.table.listener(server.port)
+        problem = identity_problem(server, pid, self.table)
+        if problem is not None:
+            if manual or "refused" not in w.said:
+                w.said.add("refused")
+                self.emit(w, "refused", f"not restarting: {problem}", pid=pid)
+            return False
+
+        drained_here = server.restart.drain and not w.draining  # a person's drain stays
+        if drained_here:
+            self._drain(w)
+        if w.probe is not None:
+            w.probe.abort()  # its server is about to be replaced
+            w.probe = None
+        started = self.clock()
+        rid = self.store.start_restart(server.name, started, trigger)
+        w.restarting = True
+        self.emit(
+            w,
+            "restarting",
+            f"restarting through {w.manager.kind} ({reason})",
+            trigger=trigger,
+            pid=pid,
+        )
+        try:
+            try:
+                outcome = w.manager.restart()
+            except (ManagerError, OSError) as exc:
+                outcome = Outcome(False, str(exc))
+            served_at = self._await_token(server, started) if outcome.ok else None
+        finally:
+            w.restarting = False
+            if drained_here:
+                self.undrain(w)
+        done = self.clock()
+        result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
+        self.store.finish_restart(rid, done, result)
+        self.store.add_action(
+            w.incident,
+            {
+                "at": started,
+                "action": f"restart ({w.manager.kind})",
+                "trigger": trigger,
+                "outcome": result,
+                "detail": outcome.detail,
+                "steps": list(outcome.steps),
+            },
+        )
+        if served_at is not None:
+            self.recovered(w, served_at, recover_s=served_at - started, how="restarted")
+            return True
+        if result == "interrupted":
+            self.emit(w, "interrupted", "the watchdog stopped during the restart")
+        else:
+            why = (
+                outcome.detail
+                if not outcome.ok
+                else (f"no token within startup_grace ({server.probe.startup_grace:g}s)")
+            )
+            self.emit(w, "restart_failed", why, steps=list(outcome.steps))
+        return False
+
+    def _budget_allows(self, w: Watch, now: float) -> bool:
+        server = w.server
+        restarts = [r.at for r in self.store.restarts(server.name, now - server.restart.window)]
+        decision = decide(server.restart, restarts, now)
+        if decision.spent:
+            if w.needs_person is None:
+                w.needs_person = (
+                    f"{decision.used} restarts in the last {server.restart.window:g}s did not help"
+                )
+                self.store.hold(server.name, now, w.needs_person)
+                self.emit(
+                    w,
+                    "budget_spent",
+                    f"{w.needs_person}; a person is needed "
+                    f"(still probing; a healthy probe ends the hold)",
+                )
+            return False
+        if not decision.allowed:
+            log.info(
+                "%s backing off: next restart not before %.0f s from now",
+                server.name,
+                (decision.not_before or now) - now,
+            )
+            return False
+        return True
+
+    def recovered(self, w: Watch, at: float, *, recover_s: float | None, how: str) -> None:
+        w.dead_streak = 0
+        w.down_since = None
+        w.last_token_at = at
+        if w.needs_person is not None:
+            self.store.release(w.server.name)
+            w.needs_person = None
+        if w.incident is None:
+            return
+        outage = at - (w.incident_began or at)
+        self.store.close_incident(w.incident, at, how, recover_s)
+        timing = f"outage {outage:.1f} s" + (
+            f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
+        )
+        self.emit(
+            w,
+            "recovered",
+            f"serving again ({how}); {timing}",
+            outage_s=round(outage, 3),
+            recover_s=None if recover_s is None else round(recover_s, 3),
+        )
+        w.incident = None
+        w.incident_began = None
+        w.said.clear()
+        w.advised_waits = []
+
+    def _await_token(self, server: ServerConfig, started: float) -> float | None:
+        """Probe until a token comes (also warming the prompt cache) or startup_grace ends."""
+        deadline = started + server.probe.startup_grace
+        while not self.stopping():
+            left = deadline - self.clock()
+            if left <= 0:
+                return None
+            probing = replace(server, probe=replace(server.probe, hard_timeout=left))
+            probe = Probe(probing, clock=self.clock).start()
+            while not probe.wait(0.2):
+                if self.stopping():
+                    probe.abort()
+                    return None
+            snap = probe.snapshot()
+            if snap.finding == OK:
+                return snap.first_token_at or self.clock()
+            if snap.finding in DOWN_FINDINGS or snap.finding == "reset":
+                self.system.sleep(RETRY_PAUSE)  # not listening yet
+            else:
+                self.system.sleep(RETRY_PAUSE * 2)
+        return None
+
+    def drain(self, w: Watch) -> None:
+        """Turn the server's /healthz to 503 and run drain_command."""
+        w.draining = True
+        settings = w.server.restart
+        if settings.drain_command:
+            code, out = self.system.run(settings.drain_command, settings.command_timeout)
+            if code != 0:
+                log.error("%s drain_command exited %d: %s", w.server.name, code, out[-200:])
+
+    def _drain(self, w: Watch) -> None:
+        """Drain, then wait (bounded) for live clients to finish before a restart."""
+        self.drain(w)
+        settings = w.server.restart
+        deadline = self.clock() + settings.drain_timeout
+        while self.clock() < deadline and not self.stopping():
+            live = w.inspector.sample(w.manager.pid()).live
+            if not live:
+                return
+            self.system.sleep(1.0)
+        log.warning("%s drain_timeout reached with clients still connected", w.server.name)
+
+    def undrain(self, w: Watch) -> None:
+        settings = w.server.restart
+        if settings.undrain_command:
+            code, out = self.system.run(settings.undrain_command, settings.command_timeout)
+            if code != 0:
+                log.error("%s undrain_command exited %d: %s", w.server.name, code, out[-200:])
+        w.draining = False

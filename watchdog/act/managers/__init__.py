@@ -1,0 +1,206 @@
+"""Restart managers: how a server is restarted, behind one small interface.
+
+Every side effect (running launchctl, spawning, signalling) goes through `System`, so tests can
+put fake service managers on PATH or replace the whole object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+import psutil
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.evidence import ProcessTable
+
+
+class ManagerError(Exception):
+    """A manager could not do what was asked; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    detail: str
+    steps: tuple[str, ...] = ()
+
+
+INTERRUPTED = 130
+
+
+class System:
+    """The operating system, as the managers use it.
+
+    `interrupt()` is for a daemon that must stop within a bound: waits return at once and a
+    running command is killed (exit code INTERRUPTED), so a restart in progress ends quickly
+    and is recorded as interrupted.
+    """
+
+    clock: Callable[[], float] = staticmethod(time.time)
+
+    def __init__(self) -> None:
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
+    def resume(self) -> None:
+        self._interrupted.clear()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        self._interrupted.wait(seconds)
+
+    def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        """Run a command without a shell: (exit code, its output).
+
+        Output goes to a file, not a pipe: a command that leaves a daemon behind (which keeps
+        the pipe open) would otherwise hold the watchdog until the timeout.
+        """
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.Popen(
+                    list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                )
+            except FileNotFoundError:
+                return 127, f"{argv[0]}: command not found"
+            except PermissionError:
+                return 126, f"{argv[0]}: permission denied"
+            deadline = time.monotonic() + timeout
+            while (code := proc.poll()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.interrupted:
+                    proc.kill()
+                    proc.wait()
+                    if self.interrupted:
+                        return INTERRUPTED, f"{argv[0]}: killed, the watchdog is stopping"
+                    return 124, f"{argv[0]}: no answer within {timeout:g}s"
+                self._interrupted.wait(min(left, 0.1))
+            out.seek(0)
+            return code, out.read().decode(errors="replace").strip()
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes] | None
+    ) -> subprocess.Popen[bytes]:
+        """Start a process in its own process group (so it can be stopped as a whole)."""
+        return subprocess.Popen(
+            list(argv),
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill_group(self, pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+
+    def uid(self) -> int:
+        return os.getuid()
+
+    def alive(self, pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+class Manager(Protocol):
+    kind: str
+
+    def pid(self) -> int | None:
+        """The server's PID as the manager knows it, or None."""
+
+    def restart(self) -> Outcome:
+        """Replace the server process; the caller then waits for it to serve."""
+
+    def start(self) -> None:
+        """The daemon starts: a manager that owns the process starts (or adopts) it."""
+
+    def stop(self) -> None:
+        """The daemon stops: a manager that owns the process stops it."""
+
+
+def wait_for(check: Callable[[], bool], timeout: float, system: System, step: float = 0.2) -> bool:
+    deadline = system.clock() + timeout
+    while True:
+        if check():
+            return True
+        if system.clock() >= deadline or system.interrupted:
+            return False
+        system.sleep(step)
+
+
+def identity_problem(server: ServerConfig, pid: int | None, table: ProcessTable) -> str | None:
+    """Why `pid` must not be signalled as this server, or None when it is safe.
+
+    The PID must hold the listening socket on the server's port (when anything does) and its
+    command line must contain `match`.
+    """
+    if pid is None:
+        return None
+    try:
+        listener = table.listener(server.port)
+        proc = table.process(pid)
+        cmdline = " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return None  # gone already: nothing will be signalled
+    except (psutil.AccessDenied, psutil.ZombieProcess, OSError) as exc:
+        return f"cannot inspect PID {pid} ({type(exc).__name__}), so it is not signalled"
+    if listener is not None and listener != pid:
+        return (
+            f"PID {pid} does not hold port {server.port} (PID {listener} does); "
+            "check the manager's label or unit"
+        )
+    if server.match not in cmdline:
+        return f'PID {pid} runs "{cmdline[:120]}", which does not contain match = "{server.match}"'
+    return None
+
+
+class NoManager:
+    """Observe and alert only."""
+
+    kind = "none"
+
+    def pid(self) -> int | None:
+        return None
+
+    def restart(self) -> Outcome:
+        return Outcome(False, 'manager = "none": the watchdog observes and alerts only')
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def make_manager(server: ServerConfig, system: System, state_dir: Path) -> Manager:
+    from mlx_watchdog.act.managers.command import CommandManager
+    from mlx_watchdog.act.managers.launchd import LaunchdManager
+    from mlx_watchdog.act.managers.process import ProcessManager
+    from mlx_watchdog.act.managers.systemd import SystemdManager
+
+    if server.manager == "launchd":
+        return LaunchdManager(server, system)
+    if server.manager == "systemd":
+        return SystemdManager(server, system)
+    if server.manager == "process":
+        return ProcessManager(server, system, state_dir / f"process-{server.name}.json")
+    if server.manager == "command":
+        return CommandManager(server, system)
+    return NoManager()

@@ -1,0 +1,119 @@
+"""The watchdog runs the server itself: own process group, SIGTERM, then SIGKILL, respawn.
+
+The child's PID and start time are written to a small file, so a watchdog that was killed and
+started again adopts its own earlier child (verified by PID *and* start time) instead of
+spawning a second server onto a busy port, and never signals a stranger with a reused PID.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+
+from mlx_watchdog.act.managers import Outcome, System, wait_for
+from mlx_watchdog.config import ServerConfig
+
+
+class ProcessManager:
+    kind = "process"
+
+    def __init__(self, server: ServerConfig, system: System, record: Path) -> None:
+        self.server = server
+        self.system = system
+        self.record = record
+        self._child: subprocess.Popen[bytes] | None = None
+        self._adopted: int | None = None
+
+    def pid(self) -> int | None:
+        if self._child is not None:
+            return self._child.pid if self._child.poll() is None else None
+        if self._adopted is not None and self.system.alive(self._adopted):
+            return self._adopted
+        return None
+
+    def start(self) -> None:
+        if self.pid() is not None:
+            return
+        adopted = self._adoptable()
+        if adopted is not None:
+            self._adopted = adopted
+            return
+        log = None
+        if self.server.log_file is not None:
+            self.server.log_file.parent.mkdir(parents=True, exist_ok=True)
+            log = self.server.log_file.open("ab")
+        try:
+            self._child = self.system.spawn(self.server.command, self.server.env, log)
+        finally:
+            if log is not None:
+                log.close()
+        self._adopted = None
+        self._write_record(self._child.pid)
+
+    def stop(self) -> None:
+        pid = self.pid()
+        if pid is None:
+            self._reap()
+            return
+        grace = self.server.restart.stop_grace
+        self.system.kill_group(pid, signal.SIGTERM)
+        if not wait_for(lambda: not self._running(pid), grace, self.system):
+            self.system.kill_group(pid, signal.SIGKILL)
+            wait_for(lambda: not self._running(pid), 10.0, self.system)
+        self._reap()
+        self.record.unlink(missing_ok=True)
+
+    def restart(self) -> Outcome:
+        before = self.pid()
+        self.stop()
+        try:
+            self.start()
+        except OSError as exc:
+            return Outcome(
+                False,
+                f"cannot start {self.server.command[0]}: {exc.strerror}",
+                (f"stopped PID {before}",),
+            )
+        steps = (
+            f"stopped PID {before}" if before else "no process to stop",
+            f"started PID {self.pid()}",
+        )
+        return Outcome(True, f"replaced PID {before} with {self.pid()}", steps)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _running(self, pid: int) -> bool:
+        if self._child is not None and self._child.pid == pid:
+            return self._child.poll() is None
+        return self.system.alive(pid)
+
+    def _reap(self) -> None:
+        if self._child is not None:
+            try:
+                self._child.wait(5)
+            except subprocess.TimeoutExpired:
+                return
+            self._child = None
+        self._adopted = None
+
+    def _write_record(self, pid: int) -> None:
+        try:
+            created = psutil.Process(pid).create_time()
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            self.record.write_text(json.dumps({"pid": pid, "create_time": created}))
+        except (psutil.Error, OSError):
+            pass  # without the record a restarted watchdog spawns anew instead of adopting
+
+    def _adoptable(self) -> int | None:
+        try:
+            data = json.loads(self.record.read_text())
+            pid, created = int(data["pid"]), float(data["create_time"])
+            proc = psutil.Process(pid)
+            same = abs(proc.create_time() - created) < 0.01 and self.system.alive(pid)
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            return None
+        return pid if same else None

@@ -1,0 +1,45 @@
+"""systemd user units: `systemctl --user restart`."""
+
+from __future__ import annotations
+
+from mlx_watchdog.act.managers import Outcome, System, wait_for
+from mlx_watchdog.config import ServerConfig
+
+REPLACE_TIMEOUT = 15.0
+
+
+class SystemdManager:
+    kind = "systemd"
+
+    def __init__(self, server: ServerConfig, system: System) -> None:
+        assert server.unit is not None
+        self.server = server
+        self.system = system
+        self.unit = server.unit
+
+    def pid(self) -> int | None:
+        code, out = self.system.run(
+            ["systemctl", "--user", "show", "-p", "MainPID", "--value", self.unit], timeout=10
+        )
+        if code != 0 or not out.strip().isdigit():
+            return None
+        return int(out.strip()) or None
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def restart(self) -> Outcome:
+        before = self.pid()
+        argv = ["systemctl", "--user", "restart", self.unit]
+        code, out = self.system.run(argv, timeout=120)
+        steps = (f"{' '.join(argv)}: exit {code}",)
+        if code != 0:
+            return Outcome(False, f"systemctl restart failed: {out}", steps)
+        if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
+            return Outcome(True, f"replaced PID {before} with {self.pid()}", steps)
+        return Outcome(
+            False, f"systemctl restart succeeded but PID {before} was not replaced", steps
+        )

@@ -1,0 +1,252 @@
+"""How fast this server prefills and decodes, and so how long every client layer must wait.
+
+The lasting fix for the abandoned-request wedge is that nobody gives up before a long prefill
+can finish. Calibration sends prompts of growing size, each with a unique prefix so the prompt
+cache cannot help, measures the time to the first token (the prefill), fits how that time grows
+with the prompt (attention makes it grow faster than linearly), and turns the prediction for the
+largest prompt the clients send into a timeout for each layer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.advice import MARGIN, round_up
+from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
+
+WORDS_PROBE = 300
+_FILLER = ("alpha", "beta", "gamma", "delta", "river", "stone", "light", "window", "paper", "cloud")
+
+
+class CalibrationError(Exception):
+    """Calibration could not measure; the message says what the server answered."""
+
+
+def parse_tokens(value: str, where: str) -> int:
+    """`"64k"`, `"4096"`, `"1.5k"` -> a token count."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kK]?)", value.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f'{where} = "{value}" is not a token count; write it like "4096" or "64k"')
+    return int(float(match.group(1)) * (1024 if match.group(2) else 1))
+
+
+@dataclass(frozen=True)
+class Point:
+    prompt_tokens: int
+    prefill_s: float
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """prefill_s(n) = a + b*n + c*n^2, with b, c >= 0."""
+
+    a: float
+    b: float
+    c: float
+
+    def prefill_s(self, tokens: int) -> float:
+        return max(0.0, self.a + self.b * tokens + self.c * tokens * tokens)
+
+
+def fit(points: Sequence[Point]) -> Fit:
+    """Least squares; a quadratic when the points bend upwards, a line otherwise."""
+    if len(points) < 2:
+        raise CalibrationError("at least two prompt sizes are needed to fit a curve")
+    xs = [float(p.prompt_tokens) for p in points]
+    ys = [p.prefill_s for p in points]
+    if len(points) >= 3:
+        a, b, c = _lstsq([[1.0, x, x * x] for x in xs], ys)
+        if c >= 0 and b >= 0:
+            return Fit(a, b, c)
+    a, b = _lstsq([[1.0, x] for x in xs], ys)
+    return Fit(a, max(b, 0.0), 0.0)
+
+
+def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Solve the normal equations (tiny systems: 2 or 3 unknowns), scaled for stability."""
+    k = len(rows[0])
+    scale = [max(abs(r[j]) for r in rows) or 1.0 for j in range(k)]
+    a = [[r[j] / scale[j] for j in range(k)] for r in rows]
+    m = [[sum(r[i] * r[j] for r in a) for j in range(k)] for i in range(k)]
+    v = [sum(r[i] * y for r, y in zip(a, ys, strict=True)) for i in range(k)]
+    for col in range(k):  # Gaussian elimination with partial pivoting
+        pivot = max(range(col, k), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot], v[col], v[pivot] = m[pivot], m[col], v[pivot], v[col]
+        if abs(m[col][col]) < 1e-12:
+            raise CalibrationError("the measured sizes are too alike to fit; give other --sizes")
+        for r in range(col + 1, k):
+            f = m[r][col] / m[col][col]
+            m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
+            v[r] -= f * v[col]
+    out = [0.0] * k
+    for r in range(k - 1, -1, -1):
+        out[r] = (v[r] - sum(m[r][j] * out[j] for j in range(r + 1, k))) / m[r][r]
+    return [x / s for x, s in zip(out, scale, strict=True)]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    server: str
+    at: float
+    points: tuple[Point, ...]
+    fit: Fit
+    decode_tps: float | None
+
+    def prefill_tps(self, tokens: int) -> float:
+        t = self.fit.prefill_s(tokens)
+        return tokens / t if t > 0 else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> Calibration:
+        return Calibration(
+            server=doc["server"],
+            at=float(doc["at"]),
+            points=tuple(Point(**p) for p in doc["points"]),
+            fit=Fit(**doc["fit"]),
+            decode_tps=doc.get("decode_tps"),
+        )
+
+
+@dataclass(frozen=True)
+class Advice:
+    prompt_tokens: int
+    answer_tokens: int
+    prefill_s: float
+    answer_s: float
+    client_s: int  # the application's own request timeout
+    agent_s: int  # an agent framework between it and the balancer
+    load_balancer_s: int  # the proxy nearest the server waits longest
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def advise(cal: Calibration, prompt_tokens: int, answer_tokens: int = 1024) -> Advice:
+    """The timeout each layer needs for a prompt of `prompt_tokens` and a long answer.
+
+    Every layer must outwait the prefill; a layer nearer the server waits a little longer than
+    the one in front of it, so it is never the one that gives up first and turns the wait into
+    an error that the layers in front retry.
+    """
+    prefill = cal.fit.prefill_s(prompt_tokens)
+    answer = answer_tokens / cal.decode_tps if cal.decode_tps else 0.0
+    client = round_up((prefill + answer) * MARGIN, 30)
+    return Advice(
+        prompt_tokens=prompt_tokens,
+        answer_tokens=answer_tokens,
+        prefill_s=round(prefill, 2),
+        answer_s=round(answer, 2),
+        client_s=client,
+        agent_s=client + 30,
+        load_balancer_s=client + 60,
+    )
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+
+def filler(words: int, nonce: str) -> str:
+    """`words` words after a unique prefix: no prompt cache holds any of it."""
+    body = " ".join(_FILLER[(i * 7 + len(nonce)) % len(_FILLER)] for i in range(words))
+    return f"[{nonce}] {body}"
+
+
+def measure(server: ServerConfig, text: str, max_tokens: int, timeout: float) -> ProbeSnapshot:
+    settings = replace(
+        server.probe,
+        prompt=text,
+        max_tokens=max_tokens,
+        hard_timeout=timeout,
+        wedge_after=min(server.probe.wedge_after, timeout),
+        max_busy=max(server.probe.max_busy, timeout),
+    )
+    snap = Probe(replace(server, probe=settings)).run()
+    if snap.finding != OK or snap.first_token_at is None:
+        raise CalibrationError(
+            f"a {len(text.split())}-word prompt was not answered: {snap.finding} {snap.detail}"
+        )
+    return snap
+
+
+def run_calibration(
+    server: ServerConfig,
+    sizes: Sequence[int],
+    *,
+    say: Callable[[str], None] = lambda _: None,
+    timeout: float = 1800.0,
+    clock: Callable[[], float] = time.time,
+) -> Calibration:
+    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
+    if not warm.prompt_tokens:
+        raise CalibrationError("the server reports no usage.prompt_tokens; cannot size prompts")
+    per_word = warm.prompt_tokens / WORDS_PROBE
+    points: list[Point] = []
+    for size in sorted(sizes):
+        words = max(1, int(size / per_word))
+        say(f"prefilling about {size} tokens ...")
+        snap = measure(server, filler(words, secrets.token_hex(8)), 1, timeout)
+        assert snap.ttft is not None
+        point = Point(snap.prompt_tokens or size, round(snap.ttft, 4), snap.cached_tokens)
+        points.append(point)
+        say(f"  {point.prompt_tokens} tokens: first token after {point.prefill_s:.2f} s")
+    say("decoding a longer answer ...")
+    return Calibration(server.name, clock(), tuple(points), fit(points), _decode(server, timeout))
+
+
+def _decode(server: ServerConfig, timeout: float) -> float | None:
+    """Tokens per second after the first: the difference between a 1-token and a 64-token
+    answer to prompts of the same length (whole request times: a stream may arrive in bursts).
+    """
+    one = measure(server, filler(20, secrets.token_hex(8)), 1, timeout)
+    many = measure(server, filler(20, secrets.token_hex(8)), 64, timeout)
+    if many.tokens < 2 or one.done_at is None or many.done_at is None:
+        return None  # the model stopped at once (an end-of-text token): nothing to time
+    extra = (many.done_at - many.started_at) - (one.done_at - one.started_at)
+    return round((many.tokens - one.tokens) / extra, 1) if extra > 0 else None
+
+
+def context_length(cmdline: Sequence[str]) -> int | None:
+    """The served model's context length, when its folder is on this machine."""
+    args = list(cmdline)
+    if "--model" not in args or args.index("--model") + 1 >= len(args):
+        return None
+    config = Path(args[args.index("--model") + 1]).expanduser() / "config.json"
+    try:
+        doc = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    for d in (doc, doc.get("text_config") or {}):
+        for key in ("max_position_embeddings", "max_sequence_length", "n_ctx"):
+            if isinstance(d.get(key), int):
+                return int(d[key])
+    return None
+
+
+def refusal(server: ServerConfig) -> tuple[str | None, Sequence[str]]:
+    """Why calibrating now would hurt (None: the server is idle and serving), and its cmdline.
+
+    Calibration sends long prompts; on a busy serial server every client behind it would wait.
+    """
+    from mlx_watchdog.judge.check import check_once, with_wedge_after
+
+    quick = replace(server, probe=with_wedge_after(server.probe, min(server.probe.slow_after, 10)))
+    result = check_once(quick)
+    verdict, process = result.verdict, result.observation.process
+    if verdict.state not in ("healthy", "slow"):
+        return f"the server is {verdict.reason}", process.cmdline
+    if process.live:
+        return f"{process.live} client(s) are being served right now", process.cmdline
+    return None, process.cmdline

@@ -1,0 +1,264 @@
+"""`mlx-watchdog doctor`: each thing that decides whether the wedge can happen here, checked
+and explained, with the fix."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from mlx_watchdog import service
+from mlx_watchdog.act.managers import System
+from mlx_watchdog.advice.calibrate import Advice, refusal
+from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
+from mlx_watchdog.config import Config, ServerConfig
+from mlx_watchdog.judge.advice import tokens_label
+from mlx_watchdog.record.store import Store, open_history
+from mlx_watchdog.sense.evidence import is_local_host
+from mlx_watchdog.sense.probe import OK, Probe
+from mlx_watchdog.serve.client import DaemonNotRunning, live_status
+
+Level = Literal["ok", "warning", "problem"]
+LITELLM_DEFAULT_TIMEOUT = 600.0  # what the proxy waits when the config names no timeout
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    what: str
+    detail: str
+    fix: str = ""
+
+
+def exit_code(findings: list[Finding]) -> int:
+    levels = {f.level for f in findings}
+    return 2 if "problem" in levels else 1 if "warning" in levels else 0
+
+
+def run_doctor(
+    config: Config,
+    *,
+    litellm: Path | None = None,
+    system: System | None = None,
+    home: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    now: Callable[[], float] = time.time,
+) -> Iterator[Finding]:
+    system = system or System()
+    home = home or Path.home()
+    env = os.environ if env is None else env
+    source = str(config.source) if config.source else "no file: the embedded default"
+    yield Finding("ok", "config", f"valid ({source})")
+    for warning in config.warnings:
+        yield Finding("warning", "config", warning)
+    yield _service(system, home, env)
+    yield _endpoint(config)
+    store = open_history(config.watchdog.state_dir, create=False)
+    try:
+        advice: dict[str, Advice] = {}
+        for server in config.servers:
+            yield from _server(server, store, now(), advice)
+        if litellm is not None:
+            yield from litellm_findings(litellm, config, advice)
+    finally:
+        store.close()
+
+
+def _service(system: System, home: Path, env: Mapping[str, str]) -> Finding:
+    target = service.default_target()
+    if target == "launchd":
+        label = service.WATCHDOG_LABEL
+        path = home / "Library" / "LaunchAgents" / f"{label}.plist"
+        probe = ["launchctl", "print", f"gui/{system.uid()}/{label}"]
+    else:
+        label = service.WATCHDOG_UNIT
+        path = service.unit_dir(env, home) / label
+        probe = ["systemctl", "--user", "is-active", label]
+    if not path.exists():
+        return Finding(
+            "warning",
+            "service",
+            f"the watchdog is not installed as a {target} service ({path} is missing)",
+            "mlx-watchdog install",
+        )
+    code, out = system.run(probe, timeout=10)
+    if code != 0:
+        return Finding(
+            "problem",
+            "service",
+            f"{path} is installed but not running ({' '.join(probe)}: {out.strip()[-120:]})",
+            "mlx-watchdog install (it loads and starts it)",
+        )
+    return Finding("ok", "service", f"installed and running ({target}: {label})")
+
+
+def _endpoint(config: Config) -> Finding:
+    try:
+        doc = live_status(config.watchdog.state_dir)
+    except DaemonNotRunning as exc:
+        return Finding("warning", "watchdog", str(exc), "mlx-watchdog install, or mlx-watchdog run")
+    pid = doc.get("watchdog", {}).get("pid")
+    return Finding("ok", "watchdog", f"running (PID {pid}); its endpoint answers")
+
+
+def _server(
+    server: ServerConfig, store: Store, now: float, advice: dict[str, Advice]
+) -> Iterator[Finding]:
+    name = f"{server.name}"
+    if server.api_key_file is not None:
+        yield _key_file(name, server.api_key_file)
+    why, cmdline = refusal(server)
+    if why is not None and any(f"is {state}:" in why for state in ("wedged", "dead", "down")):
+        yield Finding("problem", name, f"no generation: {why}", "start or fix the server")
+    elif why is not None:
+        yield Finding("warning", name, f"cannot check generation now: {why}")
+    else:
+        second = Probe(replace(server, probe=replace(server.probe, hard_timeout=60))).run()
+        if second.finding != OK:
+            yield Finding("problem", name, f"a generation failed: {second.finding}")
+        else:
+            yield Finding("ok", name, f"serves: first token in {second.ttft or 0:.2f} s")
+            computed = (second.prompt_tokens or 0) - (second.cached_tokens or 0)
+            if second.cached_tokens is None:
+                yield Finding(
+                    "warning", name, "the server reports no cached tokens; probe cost unknown"
+                )
+            elif computed <= 2:
+                yield Finding(
+                    "ok", name, f"probe cost: {computed} prompt token(s) computed, the rest cached"
+                )
+            else:
+                yield Finding(
+                    "warning",
+                    name,
+                    f"probe cost: {computed} prompt tokens computed on every probe",
+                    "keep probe.prompt fixed; a prompt cache must be enabled on the server",
+                )
+    if "--draft-model" in cmdline:
+        yield Finding(
+            "warning",
+            name,
+            "serves one request at a time (--draft-model disables batching): one abandoned "
+            "long prompt holds every client behind it until its prefill ends",
+            "give every client and proxy a timeout above the longest prefill "
+            "(mlx-watchdog calibrate)",
+        )
+    elif cmdline:
+        yield Finding(
+            "ok", name, "batched (no --draft-model): abandoned work still slows, less long"
+        )
+    last = store.last_calibration(server.name)
+    if last is None or "advice" not in last:
+        yield Finding(
+            "warning",
+            name,
+            "never calibrated: the timeouts clients need here are unknown",
+            f"mlx-watchdog calibrate --server {server.name}",
+        )
+    else:
+        a = Advice(**last["advice"])
+        advice[server.name] = a
+        yield Finding(
+            "ok",
+            name,
+            f"calibrated {_age(now - float(last['at']))}: a {tokens_label(a.prompt_tokens)}-token "
+            f"prompt needs about "
+            f"{a.prefill_s:.0f} s; clients need {a.client_s} s, proxies {a.load_balancer_s} s",
+        )
+
+
+def _age(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{max(1, round(seconds / 60))} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{seconds / 86400:.0f} days ago"
+
+
+def _key_file(name: str, path: Path) -> Finding:
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        return Finding("problem", name, f"api_key_file {path}: {exc.strerror}")
+    if mode & 0o077:
+        return Finding(
+            "problem",
+            name,
+            f"api_key_file {path} is readable by others (mode {mode:o})",
+            f"chmod 600 {path}",
+        )
+    return Finding("ok", name, f"api_key_file {path} is private (mode {mode:o})")
+
+
+def litellm_findings(path: Path, config: Config, advice: dict[str, Advice]) -> Iterator[Finding]:
+    """The proxy's timeouts against what each calibrated server needs, its retries, fallbacks."""
+    try:
+        cfg = load(path)
+    except LiteLLMConfigError as exc:
+        yield Finding("problem", "litellm", str(exc), "fix the file, then run doctor again")
+        return
+    yield Finding("ok", "litellm", f"{path}: {len(cfg.deployments)} deployments")
+    for d in cfg.deployments:
+        server = _served_by(d.api_base, config)
+        if server is None:
+            continue
+        need = advice.get(server.name)
+        timeout = d.timeout or cfg.router_timeout or LITELLM_DEFAULT_TIMEOUT
+        stream = d.stream_timeout or timeout
+        where = f'"{d.group}" ({d.api_base})'
+        if need is None:
+            yield Finding(
+                "warning",
+                "litellm",
+                f"{where} waits {timeout:g} s (stream {stream:g} s); whether that outlasts the "
+                f"prefill of {server.name} is unknown",
+                f"mlx-watchdog calibrate --server {server.name}",
+            )
+            continue
+        short = [
+            (k, v)
+            for k, v in (("timeout", timeout), ("stream_timeout", stream))
+            if v < need.load_balancer_s
+        ]
+        if short:
+            said = ", ".join(f"{k} {v:g} s" for k, v in short)
+            yield Finding(
+                "problem",
+                "litellm",
+                f"{where}: {said}, below the {need.load_balancer_s} s a "
+                f"{tokens_label(need.prompt_tokens)}-token prompt needs on {server.name}: the "
+                "proxy gives up "
+                "mid-prefill and the server keeps computing for nobody",
+                f"set timeout and stream_timeout to at least {need.load_balancer_s}",
+            )
+        else:
+            yield Finding(
+                "ok", "litellm", f"{where} waits {min(timeout, stream):g} s: outlasts the prefill"
+            )
+    if cfg.num_retries:
+        yield Finding(
+            "warning",
+            "litellm",
+            f"num_retries = {cfg.num_retries}: a long prompt that timed out is sent again, one "
+            "more abandoned request on a serial server",
+            "num_retries: 0, with fallbacks to another machine",
+        )
+    for problem in fallback_problems(cfg):
+        yield Finding("problem", "litellm", problem, "reorder the fallbacks")
+
+
+def _served_by(api_base: str, config: Config) -> ServerConfig | None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(api_base)
+    host, port = parts.hostname or "", parts.port
+    for server in config.servers:
+        if port != server.port:
+            continue
+        if host == server.host or (is_local_host(host) and is_local_host(server.host)):
+            return server
+    return None

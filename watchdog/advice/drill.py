@@ -1,0 +1,167 @@
+"""`mlx-watchdog drill`: reproduce the abandoned-request wedge on purpose, on this server.
+
+One long unique prompt is sent and abandoned mid-prefill, as a client with a short timeout
+would; then a tiny request measures how long the server stops answering, while its process and
+`/v1/models` are watched. The drill ends only when the server answers again (or, past
+`max_wait`, after a restart through the running watchdog), so it leaves the server healthy.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.evidence import Inspector
+from mlx_watchdog.sense.probe import OK, Probe, auth_headers, check_models
+
+
+def plan(server: ServerConfig, prompt_tokens: int, give_up_after: float) -> str:
+    return (
+        f"The drill sends one unique prompt of about {prompt_tokens} tokens to {server.name} "
+        f"({server.url}) and gives up on it after {give_up_after:g} s, like a client whose "
+        "timeout is shorter than the prefill. Then it sends a tiny request and measures how "
+        "long the server stops answering. Other clients of this server wait meanwhile. It "
+        "ends when the server answers again."
+    )
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    server: str
+    prompt_tokens: int  # of the abandoned prompt, estimated from the server's count for a probe
+    give_up_after_s: float
+    baseline_ttft_s: float | None
+    stall_s: float | None  # from giving up to the tiny request's first token; None: no answer
+    tiny_waited_s: float
+    abandoned_seen: int
+    cpu_percent_max: float | None
+    models_status: int | None  # what /v1/models answered during the stall
+    restarted: bool
+    finding: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        if self.stall_s is None:
+            return (
+                f"{self.server} did not answer a tiny request for {self.tiny_waited_s:.0f} s "
+                "after one client gave up mid-prefill"
+                + (": the drill restarted it through the watchdog" if self.restarted else "")
+            )
+        models = (
+            f"/v1/models answered {self.models_status} meanwhile; " if self.models_status else ""
+        )
+        base = f" (it takes {self.baseline_ttft_s:.2f} s when idle)" if self.baseline_ttft_s else ""
+        head = (
+            f"after one client gave up mid-prefill, {self.server} answered a tiny request "
+            f"{self.stall_s:.1f} s later{base}; {models}{self.abandoned_seen} abandoned "
+            "connection(s) seen."
+        )
+        if not self.stalled:
+            return f"{head} The abandoned work barely held other requests back here."
+        return (
+            f"{head} The server finishes the work of a client that left before it serves "
+            "others: every client and proxy in front of it needs a timeout longer than its "
+            "longest prefill (`mlx-watchdog calibrate` measures it)."
+        )
+
+    @property
+    def stalled(self) -> bool:
+        """Did other requests wait noticeably for the departed client's work?"""
+        if self.stall_s is None:
+            return True
+        return self.stall_s > 2 * max(self.baseline_ttft_s or 0.0, 0.25) + 1.0
+
+
+def run_drill(
+    server: ServerConfig,
+    *,
+    prompt_tokens: int,
+    give_up_after: float,
+    max_wait: float,
+    restart: Callable[[str], bool] = lambda _: False,
+    say: Callable[[str], None] = lambda _: None,
+    clock: Callable[[], float] = time.time,
+) -> DrillResult:
+    baseline = Probe(server, clock=clock).run()  # the watchdog's own tiny probe, idle
+    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, 120.0)
+    per_word = (warm.prompt_tokens or WORDS_PROBE) / WORDS_PROBE
+    words = max(1, int(prompt_tokens / per_word))
+    text = filler(words, secrets.token_hex(8))
+    say(f"sending a {prompt_tokens}-token prompt and giving up after {give_up_after:g} s")
+    _abandon(server, text, give_up_after)
+    gave_up = clock()
+    inspector = Inspector(server, clock=clock)
+    inspector.sample()
+    settings = replace(server.probe, hard_timeout=max_wait, max_busy=max(max_wait, 1.0))
+    tiny = Probe(replace(server, probe=settings), clock=clock).start()
+    say("a tiny request waits for its first token ...")
+    abandoned, cpu_max, models_status = 0, None, None
+    while not tiny.wait(0.5):
+        ev = inspector.sample(exclude=[tiny.local_address] if tiny.local_address else [])
+        abandoned = max(abandoned, ev.abandoned or 0)
+        if ev.cpu_percent is not None:
+            cpu_max = max(cpu_max or 0.0, ev.cpu_percent)
+        if models_status is None:
+            models_status = check_models(server).status
+        if clock() - gave_up > max_wait:
+            break
+    snap = tiny.snapshot()
+    answered = snap.finding == OK and snap.first_token_at is not None
+    restarted = False
+    if not answered:
+        tiny.abort()
+        say(f"no answer within {max_wait:g} s; asking the watchdog to restart the server")
+        restarted = restart(server.name)
+    return DrillResult(
+        server=server.name,
+        prompt_tokens=int(words * per_word),
+        give_up_after_s=give_up_after,
+        baseline_ttft_s=round(baseline.ttft, 3) if baseline.ttft else None,
+        stall_s=round(snap.first_token_at - gave_up, 2)
+        if answered and snap.first_token_at
+        else None,
+        tiny_waited_s=round(clock() - gave_up, 2),
+        abandoned_seen=abandoned,
+        cpu_percent_max=cpu_max,
+        models_status=models_status,
+        restarted=restarted,
+        finding=snap.finding or "waiting",
+    )
+
+
+def _abandon(server: ServerConfig, text: str, timeout: float) -> None:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": text}], "max_tokens": 8}
+    if server.model:
+        body["model"] = server.model
+    try:
+        httpx.post(
+            server.url + "/v1/chat/completions",
+            json=body,
+            headers=auth_headers(server),
+            timeout=timeout,
+        )
+    except httpx.HTTPError:
+        return  # giving up is the point; a refused or reset request abandons nothing more
+
+
+def restart_through_daemon(state_dir: Path) -> Callable[[str], bool]:
+    def restart(name: str) -> bool:
+        from mlx_watchdog.serve.client import ActionRefused, DaemonNotRunning, act
+
+        try:
+            act(state_dir, name, "restart")
+        except (DaemonNotRunning, ActionRefused):
+            return False
+        return True
+
+    return restart

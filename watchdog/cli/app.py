@@ -1,0 +1,97 @@
+"""What every command shares: the group, the consoles, the config option, loading the config.
+
+rich is imported on first use: a command that prints JSON, and `--help`, never pay for it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import click
+
+from mlx_watchdog import __version__
+from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config, parse_url
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+UNKNOWN_EXIT = 3  # the monitoring-plugin convention: cannot tell
+
+
+class _LazyConsole:
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+out: Any = _LazyConsole(stderr=False)
+err: Any = _LazyConsole(stderr=True)
+
+
+def escape(text: str) -> str:
+    """User text printed through rich: brackets stay text, not markup."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+STATE_STYLE = {
+    "healthy": "bold green",
+    "slow": "bold yellow",
+    "busy": "bold yellow",
+    "starting": "bold cyan",
+    "wedged": "bold red",
+    "dead": "bold red",
+    "down": "bold red",
+}
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Config file (default: $MLX_WATCHDOG_CONFIG or ~/.config/mlx-watchdog/config.toml).",
+)
+
+
+def load_or_exit(config_path: Path | None) -> Config:
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    for warning in config.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
+    return config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mlx-watchdog")
+def cli() -> None:
+    """Liveness watchdog for local LLM servers: tells a wedged mlx_lm.server from a busy one."""
+
+
+def pick_servers(config: Config, url: str | None, name: str | None) -> list[ServerConfig]:
+    if url:
+        clean = parse_url(url, "--url")
+        port = urlsplit(clean).port or 80
+        base = config.servers[0] if len(config.servers) == 1 else None
+        probe_settings = base.probe if base else ServerConfig("x", clean).probe
+        return [ServerConfig(name=f"mlx-{port}", url=clean, probe=probe_settings)]
+    if name:
+        return [config.server(name)]
+    return list(config.servers)
+
+

@@ -1,0 +1,394 @@
+"""Commands that operate the running watchdog and its services: status, history, restart,
+drain, undrain, install, uninstall, server install/uninstall."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import click
+
+from mlx_watchdog.cli.app import (
+    STATE_STYLE,
+    UNKNOWN_EXIT,
+    config_option,
+    err,
+    escape,
+    load_or_exit,
+    out,
+)
+from mlx_watchdog.config import (
+    append_server,
+    parse_duration,
+    resolve_config_path,
+    to_toml,
+    write_template,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+
+@click.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+@click.option("--watch", is_flag=True, help="Refresh in place every 2 s until Ctrl-C.")
+def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
+    """Show what the running watchdog sees, or the last recorded state when it is not running.
+
+    Columns: state, when a probe last got a token, time to first token (median and 95th
+    percentile over the last hour), restarts in 24 h, restarts left in the budget, the
+    server's PID and memory. Exit code: as for probe (the worst server), or 3 when the
+    watchdog is not running.
+    """
+    from mlx_watchdog.serve.client import DaemonNotRunning, history_status, live_status
+
+    cfg = load_or_exit(config_path)
+
+    def fetch() -> dict[str, Any]:
+        try:
+            return live_status(cfg.watchdog.state_dir)
+        except DaemonNotRunning as exc:
+            return history_status(cfg, str(exc))
+
+    doc = fetch()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+    elif watch:
+        from rich.live import Live
+
+        with Live(_status_view(doc), console=out.get(), auto_refresh=False) as live:
+            try:
+                while True:
+                    time.sleep(2.0)
+                    doc = fetch()
+                    live.update(_status_view(doc), refresh=True)
+            except KeyboardInterrupt:
+                pass
+    else:
+        out.print(_status_view(doc))
+    sys.exit(_status_exit(doc))
+
+
+def _status_exit(doc: dict[str, Any]) -> int:
+    if not doc["watchdog"].get("running"):
+        return UNKNOWN_EXIT
+    return max((int(s["exit_code"]) for s in doc["servers"]), default=UNKNOWN_EXIT)
+
+
+def _status_view(doc: dict[str, Any]) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+
+    now = time.time()
+    table = Table(box=None, padding=(0, 1), header_style="dim")
+    for column in ("server", "state", "last token", "TTFT p50/p95", "restarts", "left", "PID"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("RSS", no_wrap=True, justify="right")
+    notes = []
+    for s in doc["servers"]:
+        state = s["state"]
+        table.add_row(
+            s["name"],
+            f"[{STATE_STYLE.get(state, 'bold')}]{state}[/]",
+            _ago(s.get("last_token_at"), now),
+            f"{_ms(s.get('ttft_p50_s'))}/{_ms(s.get('ttft_p95_s'))} ms",
+            str(s["restarts_24h"]),
+            str(s["budget_left"]),
+            "-" if s.get("pid") is None else str(s["pid"]),
+            "-" if s.get("rss_bytes") is None else f"{s['rss_bytes'] / 2**20:.0f} MiB",
+        )
+        flags = [f for f in ("draining", "restarting") if s.get(f)]
+        notes.append(
+            f"[bold]{s['name']}[/bold] {escape(s['reason'])}"
+            + "".join(f" [bold yellow]({f}: /healthz answers 503)[/]" for f in flags)
+        )
+        if s.get("needs_person"):
+            notes.append(f"  [bold red]a person is needed:[/] {escape(s['needs_person'])}")
+    w = doc["watchdog"]
+    head = (
+        f"[green]watchdog running[/green] (PID {w['pid']}, every {w['interval_s']:g}s)"
+        if w.get("running")
+        else f"[yellow]{escape(w.get('why', 'the watchdog is not running'))}[/yellow]; "
+        "showing the last recorded probes"
+    )
+    return Group(head, table, *notes)
+
+
+def _ago(at: float | None, now: float) -> str:
+    if at is None:
+        return "never"
+    seconds = max(0.0, now - at)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+@click.command()
+@config_option
+@click.option("--since", default="7d", show_default=True, help='How far back, e.g. "24h".')
+@click.option("--server", "server_name", help="Only this server's incidents.")
+@click.option("--json", "as_json", is_flag=True, help="Print the incidents as JSON.")
+def history(config_path: Path | None, since: str, server_name: str | None, as_json: bool) -> None:
+    """List incidents: start, end, outage, reason, actions and outcome."""
+    from rich.table import Table
+
+    from mlx_watchdog.record.store import open_history
+
+    cfg = load_or_exit(config_path)
+    try:
+        window = parse_duration(since, "--since")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    store = open_history(cfg.watchdog.state_dir, create=False)
+    try:
+        incidents = store.incidents(time.time() - window, server_name)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(i) for i in incidents], indent=2))
+        return
+    if not incidents:
+        err.print(f"no incidents in the last {since}")
+        return
+    table = Table(box=None, padding=(0, 1), header_style="dim")
+    for column in ("#", "server", "state", "start", "end", "outage", "actions", "outcome"):
+        table.add_column(
+            column, no_wrap=column != "actions", min_width=7 if column == "actions" else None
+        )
+    for i in incidents:
+        actions = ", ".join(f"{a['action']}: {a['outcome']}" for a in i.actions) or "-"
+        table.add_row(
+            str(i.id),
+            i.server,
+            i.state,
+            _clock(i.began_at),
+            "open" if i.closed_at is None else _clock(i.closed_at, short=True),
+            "-" if i.outage_s is None else f"{i.outage_s:.1f} s",
+            escape(actions),
+            i.outcome or "-",
+        )
+    out.print(table)
+    for i in incidents:
+        out.print(f"[bold]#{i.id}[/bold] {escape(i.reason)}", soft_wrap=True)
+        if i.advice:
+            out.print(f"    [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
+
+
+def _clock(at: float, short: bool = False) -> str:
+    return time.strftime("%H:%M:%S" if short else "%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _action(action: str) -> click.Command:
+    help_text = {
+        "restart": "Restart a server through the running watchdog's one restart path.",
+        "drain": "Turn a server's /healthz to 503 (and run drain_command) until undrain.",
+        "undrain": "End a drain: /healthz follows the server's state again.",
+    }[action]
+
+    @config_option
+    @click.argument("name")
+    def command(config_path: Path | None, name: str) -> None:
+        from mlx_watchdog.serve.client import ActionRefused, DaemonNotRunning, act
+
+        cfg = load_or_exit(config_path)
+        try:
+            message = act(cfg.watchdog.state_dir, name, action)
+        except DaemonNotRunning as exc:
+            err.print(f"[red]error:[/red] {escape(str(exc))}; start it with `mlx-watchdog run`")
+            sys.exit(UNKNOWN_EXIT)
+        except ActionRefused as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(message)
+
+    command.__doc__ = help_text
+    return click.command(action, help=help_text)(command)
+
+
+
+
+target_option = click.option(
+    "--target",
+    type=click.Choice(["launchd", "systemd"]),
+    help="launchd (macOS) or systemd --user (Linux); default: this platform's.",
+)
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Print the file and the commands; change nothing."
+)
+
+
+@click.command()
+@config_option
+@target_option
+@dry_run_option
+def install(config_path: Path | None, target: str | None, dry_run: bool) -> None:
+    """Install the watchdog as a launchd agent or a systemd user unit, and start it.
+
+    Runs again safely: the job is replaced with the new file. A missing config file is
+    created from the template first.
+    """
+    from mlx_watchdog import service
+
+    kind = cast(service.Target, target or service.default_target())
+    path = resolve_config_path(config_path)[0].expanduser().absolute()
+    if path.exists():
+        load_or_exit(path)
+    elif dry_run:
+        err.print(f"would write a config template to {path}")
+    else:
+        write_template(path)
+        err.print(f"wrote a config template to {path}; edit it, then run install again")
+    content = service.watchdog_content(
+        kind, config=path, home=Path.home(), env=os.environ, python=service.interpreter()
+    )
+    label = service.WATCHDOG_LABEL if kind == "launchd" else service.WATCHDOG_UNIT
+    plan = service.install_plan(
+        kind, label=label, content=content, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    _carry_out(plan, dry_run)
+
+
+@click.command()
+@target_option
+@dry_run_option
+def uninstall(target: str | None, dry_run: bool) -> None:
+    """Stop the watchdog's service and remove its file (config and history stay)."""
+    from mlx_watchdog import service
+
+    kind = cast(service.Target, target or service.default_target())
+    label = service.WATCHDOG_LABEL if kind == "launchd" else service.WATCHDOG_UNIT
+    plan = service.uninstall_plan(
+        kind, label=label, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    _carry_out(plan, dry_run)
+
+
+@click.group()
+def server() -> None:
+    """Install or remove an mlx_lm.server service that the watchdog manages."""
+
+
+@server.command("install")
+@config_option
+@click.option("--model", required=True, help="Model folder or repo id, as mlx_lm.server takes it.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to serve on.")
+@click.option("--draft-model", help="Draft model for speculative decoding (serves serially).")
+@click.option("--name", help="The server's name in the config (default: mlx-PORT).")
+@target_option
+@dry_run_option
+def server_install(
+    config_path: Path | None,
+    model: str,
+    port: int,
+    draft_model: str | None,
+    name: str | None,
+    target: str | None,
+    dry_run: bool,
+) -> None:
+    """Install mlx_lm.server as a service and add it to the config with the matching manager."""
+    from mlx_watchdog import service
+    from mlx_watchdog.demo.run import missing_server_extra
+
+    kind = cast(service.Target, target or service.default_target())
+    name = name or f"mlx-{port}"
+    url = f"http://127.0.0.1:{port}"
+    path = resolve_config_path(config_path)[0].expanduser().absolute()
+    problem = missing_server_extra()
+    if problem is not None:
+        if not dry_run:
+            raise click.ClickException(problem)
+        err.print(f"[yellow]warning:[/yellow] {escape(problem)}", soft_wrap=True)
+    existing = load_or_exit(path).servers if path.exists() else ()
+    for other in existing:
+        if other.name == name or other.url == url:
+            raise click.ClickException(
+                f'{path} already has server "{other.name}" at {other.url}; '
+                "choose another --name/--port, or edit that entry"
+            )
+    content, log = service.server_content(
+        kind,
+        name=name,
+        args=service.server_args(model, port, draft_model),
+        home=Path.home(),
+        env=os.environ,
+        python=service.interpreter(),
+    )
+    label = service.server_label(name) if kind == "launchd" else service.server_unit(name)
+    plan = service.install_plan(
+        kind, label=label, content=content, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    entry: dict[str, Any] = {"name": name, "url": url, "manager": kind}
+    if kind == "launchd":
+        entry.update(label=label, plist=str(plan.path), log_file=str(log))
+    else:
+        entry.update(unit=label)
+    block = to_toml({"server": [entry]})
+    _carry_out(plan, dry_run)
+    if dry_run:
+        click.echo(f"# would add to {path}:\n{block}", nl=False)
+        return
+    added = append_server(path, block)
+    click.echo(f"added server {name} to {added}")
+    err.print("reload a running watchdog to watch it: `mlx-watchdog install` or kill -HUP its PID")
+
+
+@server.command("uninstall")
+@click.argument("name")
+@target_option
+@dry_run_option
+def server_uninstall(name: str, target: str | None, dry_run: bool) -> None:
+    """Stop and remove the server service NAME (its config entry stays; remove it by hand)."""
+    from mlx_watchdog import service
+
+    kind = cast(service.Target, target or service.default_target())
+    label = service.server_label(name) if kind == "launchd" else service.server_unit(name)
+    plan = service.uninstall_plan(
+        kind, label=label, home=Path.home(), env=os.environ, uid=os.getuid()
+    )
+    _carry_out(plan, dry_run)
+
+
+def _carry_out(plan: Any, dry_run: bool) -> None:
+    from mlx_watchdog import service
+
+    if dry_run:
+        if plan.content is None:
+            click.echo(f"# would remove {plan.path}")
+        else:
+            click.echo(f"# would write {plan.path} (mode 0644):")
+            click.echo(plan.content.decode(), nl=False)
+        click.echo("# would run:")
+        for argv in plan.commands:
+            click.echo("  " + shlex.join(argv))
+    else:
+        try:
+            from mlx_watchdog.act.managers import System
+
+            for line in service.apply(plan, System()):
+                click.echo(line)
+        except service.ServiceError as exc:
+            raise click.ClickException(str(exc)) from None
+    for hint in plan.hints:
+        err.print(f"hint: {hint}")
+
+
+COMMANDS = (
+    status,
+    history,
+    *(_action(name) for name in ("restart", "drain", "undrain")),
+    install,
+    uninstall,
+    server,
+)

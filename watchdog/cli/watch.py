@@ -1,0 +1,282 @@
+"""probe, run, demo and config: the commands that check a server or set the watchdog up."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from mlx_watchdog.cli.app import (
+    STATE_STYLE,
+    UNKNOWN_EXIT,
+    config_option,
+    err,
+    escape,
+    load_or_exit,
+    out,
+    pick_servers,
+)
+from mlx_watchdog.config import (
+    ConfigError,
+    effective,
+    parse_duration,
+    resolve_config_path,
+    to_toml,
+    write_template,
+)
+
+if TYPE_CHECKING:
+    from mlx_watchdog.judge.check import CheckResult
+
+
+@click.command()
+@config_option
+@click.option("--url", help="Probe this server URL instead of the configured ones.")
+@click.option("--server", "server_name", help="Probe only the configured server of this name.")
+@click.option("--wedge-after", help='Judge a zero-token wait this long (e.g. "20s").')
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per server.")
+def probe(
+    config_path: Path | None,
+    url: str | None,
+    server_name: str | None,
+    wedge_after: str | None,
+    as_json: bool,
+) -> None:
+    """Send one tiny generation request and judge the server from what it and its process do.
+
+    Exit code: 0 healthy, 1 slow/busy/starting, 2 wedged/dead/down, 3 unknown.
+    """
+    if url and server_name:
+        raise click.UsageError("give --url or --server, not both")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_watchdog.judge.check import LeftProbes, check_once, with_wedge_after
+
+    config = load_or_exit(config_path)
+    try:
+        servers = pick_servers(config, url, server_name)
+        if wedge_after is not None:
+            seconds = parse_duration(wedge_after, "--wedge-after")
+            servers = [replace(s, probe=with_wedge_after(s.probe, seconds)) for s in servers]
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    if not as_json:
+        for s in servers:
+            err.print(
+                f"probing {s.name} at {s.url} (judging a zero-token wait after "
+                f"{s.probe.wedge_after:g}s)...",
+                style="dim",
+            )
+    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        left = LeftProbes(config.watchdog.state_dir / "left-probes.json")
+        results = list(pool.map(lambda s: check_once(s, left=left), servers))
+    if as_json:
+        docs = [_result_json(r) for r in results]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        for r in results:
+            _print_result(r)
+    sys.exit(max(r.verdict.exit_code for r in results))
+
+
+def _result_json(r: CheckResult) -> dict[str, Any]:
+    return {
+        "server": r.server.name,
+        "url": r.server.url,
+        "state": r.verdict.state,
+        "reason": r.verdict.reason,
+        "exit_code": r.verdict.exit_code,
+        "evidence": r.verdict.evidence,
+    }
+
+
+def _print_result(r: CheckResult) -> None:
+    from rich.table import Table
+
+    v = r.verdict
+    out.print(
+        f"[bold]{r.server.name}[/bold] {r.server.url}  [{STATE_STYLE[v.state]}]{v.state.upper()}[/]"
+    )
+    out.print(escape(v.reason), soft_wrap=True)
+    e = v.evidence
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="dim")
+    table.add_column()
+    phases = e.get("phases", {})
+    for label, key in (
+        ("connect", "connect_s"),
+        ("headers", "headers_s"),
+        ("first data", "first_data_s"),
+        ("first token", "first_token_s"),
+        ("done", "done_s"),
+    ):
+        table.add_row(label, _secs(phases.get(key)))
+    table.add_row("waited", _secs(e.get("waited_s")))
+    table.add_row("bytes / tokens", f"{e['bytes']} / {e['tokens']} ({e['keepalives']} keepalives)")
+    if e.get("cached_tokens") is not None:
+        table.add_row("prompt cache", f"{e['cached_tokens']} of {e['prompt_tokens']} tokens cached")
+    table.add_row("probe", escape(f"{e['probe_finding']} {e.get('probe_detail') or ''}".strip()))
+    table.add_row("/v1/models", f"{e.get('models_status') or '-'} {e.get('models_finding') or ''}")
+    if e.get("pid") is not None:
+        cpu = "-" if e.get("cpu_percent") is None else f"{e['cpu_percent']:.0f}%"
+        rss = "-" if e.get("rss_bytes") is None else f"{e['rss_bytes'] / 2**20:.0f} MiB"
+        table.add_row("process", f"PID {e['pid']}, CPU {cpu}, RSS {rss}")
+        table.add_row(
+            "connections", f"{e['live_connections']} live, {e['abandoned_connections']} abandoned"
+        )
+    if e.get("process_error"):
+        table.add_row("process", escape(e["process_error"]))
+    out.print(table)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+@click.command()
+@config_option
+def run(config_path: Path | None) -> None:
+    """Run the watchdog in the foreground, as launchd and systemd start it.
+
+    SIGTERM or SIGINT stop it (a managed process server is stopped too); SIGHUP reloads the
+    config, keeping the running one if the new one is bad.
+    """
+    from mlx_watchdog.serve.daemon import Daemon
+
+    setup_logging()
+    config = load_or_exit(config_path)
+    sys.exit(Daemon(config, config_path=config_path).run())
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+    )
+    root = logging.getLogger("mlx_watchdog")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+@click.command()
+@click.option("--port", type=int, default=0, help="Port for the demo server (default: a free one).")
+@click.option(
+    "--timeout",
+    default="5m",
+    show_default=True,
+    help="Give up when the server has not recovered by then.",
+)
+def demo(port: int, timeout: str) -> None:
+    """Watch the watchdog heal a real mlx_lm.server wedged by abandoned requests.
+
+    Builds a tiny random-weight model, starts the real server (serial) under the watchdog,
+    sends long prompts from clients that give up, and shows detection, restart and recovery.
+    Needs the server extra. Exit 0 when the server recovered, 1 when it did not, 3 when the
+    demo cannot run.
+    """
+    from mlx_watchdog.demo.run import missing_server_extra, run_demo
+
+    try:
+        limit = parse_duration(timeout, "--timeout")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    problem = missing_server_extra()
+    if problem is not None:
+        err.print(f"[red]cannot run the demo:[/red] {escape(problem)}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        err.print(
+            f"[dim]{time.monotonic() - started:6.1f}s[/dim] {escape(message)}", soft_wrap=True
+        )
+
+    handler = _SayHandler(say)
+    logging.getLogger("mlx_watchdog").addHandler(handler)
+    logging.getLogger("mlx_watchdog").setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory(prefix="mlx-watchdog-demo-") as workdir:
+        result = run_demo(Path(workdir), port or _free_port(), say=say, timeout=limit)
+    logging.getLogger("mlx_watchdog").removeHandler(handler)
+    incident = result.incident
+    if not result.recovered or incident is None:
+        err.print(f"[red]not recovered:[/red] {escape(result.message)}", soft_wrap=True)
+        sys.exit(1)
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("verdict", escape(incident.reason))
+    table.add_row("detected", f"{result.detected_after_s:.1f} s after the clients gave up")
+    table.add_row("restarts", str(result.restarts))
+    table.add_row("time to recover", _secs(incident.recover_s))
+    table.add_row("outage", _secs(incident.outage_s))
+    out.print("[bold green]recovered[/bold green]: the wedged server serves again")
+    out.print(table)
+    out.print(
+        "The lasting fix is at the cause: no client or load balancer in front of the server "
+        "may give up before a long prefill can finish."
+    )
+
+
+class _SayHandler(logging.Handler):
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@click.group()
+def config() -> None:
+    """Check or create the configuration file."""
+
+
+@config.command("check")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the effective config as JSON.")
+def config_check(config_path: Path | None, as_json: bool) -> None:
+    """Validate the config and print the effective settings, secrets masked."""
+    cfg = load_or_exit(config_path)
+    data = effective(cfg)
+    if as_json:
+        click.echo(
+            json.dumps({"source": str(cfg.source) if cfg.source else None, **data}, indent=2)
+        )
+        return
+    source = str(cfg.source) if cfg.source else "no config file: the embedded default"
+    err.print(f"config ok ({source})", style="green")
+    click.echo(to_toml(data), nl=False)
+
+
+@config.command("init")
+@config_option
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def config_init(config_path: Path | None, force: bool) -> None:
+    """Write a commented config template (default: ~/.config/mlx-watchdog/config.toml)."""
+    path, _ = resolve_config_path(config_path)
+    try:
+        written = write_template(path, force=force)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {written}")
+
+
+COMMANDS = (probe, run, demo, config)

@@ -1,0 +1,208 @@
+"""Evidence -> state and a reason a person understands. Pure: no I/O, `now` comes in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mlx_watchdog.config import ProbeSettings
+from mlx_watchdog.sense.evidence import ProcessEvidence
+from mlx_watchdog.sense.probe import DEAD_FINDINGS, DOWN_FINDINGS, OK, ModelsCheck, ProbeSnapshot
+
+State = Literal["starting", "healthy", "slow", "busy", "wedged", "dead", "down"]
+STATES: tuple[State, ...] = ("starting", "healthy", "slow", "busy", "wedged", "dead", "down")
+
+# The monitoring-plugin convention: 0 ok, 1 warning, 2 critical, 3 unknown.
+EXIT_CODES: dict[State, int] = {
+    "healthy": 0,
+    "slow": 1,
+    "busy": 1,
+    "starting": 1,
+    "wedged": 2,
+    "dead": 2,
+    "down": 2,
+}
+UNKNOWN_EXIT = 3
+
+
+@dataclass(frozen=True)
+class Observation:
+    probe: ProbeSnapshot
+    process: ProcessEvidence
+    models: ModelsCheck | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: State
+    reason: str
+    evidence: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.state]
+
+
+def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | None:
+    """The state the observation shows, or None while it is too early to tell.
+
+    "Too early" is a probe still waiting for less than `slow_after`: the caller keeps its last
+    verdict. The probe is never what gives up; `wedge_after` is a threshold, not a timeout.
+    """
+    state, reason = _rule(obs, settings, now)
+    if state is None:
+        return None
+    return Verdict(state, f"{state}: {reason}", evidence(obs, now))
+
+
+def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None, str]:
+    probe, proc, models = obs.probe, obs.process, obs.models
+    waited = probe.waited(now)
+    age = proc.age(now)
+    young = age is not None and age < s.startup_grace
+
+    if probe.finding == OK:
+        ttft = probe.ttft if probe.ttft is not None else waited
+        note = _models_note(models)
+        if ttft > s.slow_after:
+            return "slow", f"first token after {_s(ttft)} (slow_after is {_s(s.slow_after)}){note}"
+        return "healthy", f"first token in {_s(ttft)}{note}"
+
+    if probe.finding in DOWN_FINDINGS:
+        if young and proc.pid is not None:
+            return "starting", f"PID {proc.pid} started {_s(age or 0)} ago and is not answering yet"
+        where = f"; {proc.error}" if proc.error and proc.pid is None else ""
+        return "down", f"{DOWN_FINDINGS[probe.finding]}{where}"
+
+    if probe.finding in DEAD_FINDINGS:
+        detail = f" ({probe.detail})" if probe.detail else ""
+        return "dead", f"{DEAD_FINDINGS[probe.finding]}{detail}"
+
+    if probe.finding not in (None, "no_response"):
+        return None, ""  # aborted by the watchdog itself: says nothing about the server
+
+    # The probe is waiting (or waited to the hard timeout) with no token. A young process
+    # may still be loading its model, unless clients already came and went or wait on it.
+    if young and waited < s.startup_grace and not proc.abandoned and not proc.live:
+        return (
+            "starting",
+            f"PID {proc.pid} started {_s(age or 0)} ago; no token yet after {_s(waited)}",
+        )
+    if waited < s.slow_after:
+        return None, ""
+    got = _bytes_note(probe)
+    if proc.abandoned is None or proc.live is None:
+        why = proc.error or "its connections cannot be inspected"
+        if waited >= s.max_busy:
+            return (
+                "wedged",
+                f"no token for {_s(waited)}{got}, longer than max_busy ({_s(s.max_busy)}); {why}",
+            )
+        return (
+            "busy",
+            f"no token yet after {_s(waited)}{got}; {why}, so waiting up to max_busy ({_s(s.max_busy)})",
+        )
+
+    abandoned, live = proc.abandoned, proc.live
+    if waited < s.wedge_after:
+        if live and not abandoned:
+            return "busy", f"{_clients(live)} being served; the probe has waited {_s(waited)}"
+        held = f"; {_abandoned(abandoned)}" if abandoned else ""
+        return "slow", f"no token yet after {_s(waited)}{got}{held}"
+
+    lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
+    if abandoned:
+        oldest = proc.oldest_abandoned(now)
+        since = f" (the oldest seen for {_s(oldest)})" if oldest else ""
+        verb = "hold" if abandoned != 1 else "holds"
+        return "wedged", f"{lead}; {_abandoned(abandoned)}{since} {verb} the server"
+    if not live:
+        return "wedged", f"{lead}; no other client is connected, so it serves nobody"
+    if proc.cpu_percent is not None and proc.cpu_percent < s.idle_cpu_percent:
+        return "wedged", (
+            f"{lead}; {_clients(live)} connected but the process is idle "
+            f"(CPU {proc.cpu_percent:.1f}%)"
+        )
+    if waited >= s.max_busy:
+        return (
+            "wedged",
+            f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})",
+        )
+    cpu = f" (CPU {proc.cpu_percent:.0f}%)" if proc.cpu_percent is not None else ""
+    return "busy", f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}"
+
+
+def evidence(obs: Observation, now: float) -> dict[str, Any]:
+    probe, proc, models = obs.probe, obs.process, obs.models
+    oldest = proc.oldest_abandoned(now)
+    age = proc.age(now)
+    return {
+        "ttft_s": _r(probe.ttft),
+        "waited_s": _r(probe.waited(now)),
+        "bytes": probe.bytes,
+        "tokens": probe.tokens,
+        "keepalives": probe.keepalives,
+        "http_status": probe.status,
+        "probe_finding": probe.finding or "waiting",
+        "probe_detail": probe.detail,
+        "phases": probe.phases(),
+        "prompt_tokens": probe.prompt_tokens,
+        "cached_tokens": probe.cached_tokens,
+        "models_status": models.status if models else None,
+        "models_ok": models.ok if models else None,
+        "models_finding": models.finding if models else None,
+        "pid": proc.pid,
+        "cmdline_matches": proc.matches,
+        "process_age_s": _r(age),
+        "cpu_percent": _r(proc.cpu_percent),
+        "rss_bytes": proc.rss_bytes,
+        "abandoned_connections": proc.abandoned,
+        "live_connections": proc.live,
+        "oldest_abandoned_s": _r(oldest),
+        "gave_up_after_s": proc.gave_up_after(),
+        "process_error": proc.error or None,
+    }
+
+
+def _models_note(models: ModelsCheck | None) -> str:
+    if models is None or models.ok:
+        return ""
+    return f"; but /v1/models: {models.finding} ({models.detail})"
+
+
+def _models_state(models: ModelsCheck | None) -> str:
+    if models is None:
+        return "/v1/models was not checked"
+    if models.ok or models.finding == "not_listed":
+        return f"/v1/models answers {models.status}"
+    if models.status is not None:
+        return f"/v1/models answers {models.status} with {models.finding.replace('_', ' ')}"
+    return f"/v1/models fails too ({models.finding})"
+
+
+def _bytes_note(probe: ProbeSnapshot) -> str:
+    if probe.keepalives:
+        return f" ({probe.keepalives} keepalives, {probe.bytes} bytes)"
+    if probe.bytes:
+        return f" ({probe.bytes} bytes)"
+    return ""
+
+
+def _clients(n: int) -> str:
+    return f"{n} live client{'s' if n != 1 else ''}"
+
+
+def _abandoned(n: int) -> str:
+    return f"{n} abandoned request{'s' if n != 1 else ''}"
+
+
+def _s(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 100:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s"
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,168 @@
+"""Alerts: Apprise URLs and an optional hook command, delivered off the probing path.
+
+`send()` only queues. One worker thread delivers, each channel with a time limit, so a hung
+webhook delays other alerts by at most that limit and never a probe. A failing channel is
+logged and forgotten. Events carry states, reasons and numbers, never a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import subprocess
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlx_watchdog.config import mask_url
+
+log = logging.getLogger("mlx_watchdog.alerts")
+# Apprise logs the URLs it cannot parse or reach, and those URLs carry tokens: keep it quiet and
+# report failures ourselves, with the URL masked.
+logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)
+
+KINDS = (
+    "detected",
+    "restarting",
+    "recovered",
+    "restart_failed",
+    "budget_spent",
+    "refused",
+    "interrupted",
+)
+TITLES = {
+    "detected": "{server} is {state}",
+    "restarting": "restarting {server}",
+    "recovered": "{server} recovered",
+    "restart_failed": "restart of {server} failed",
+    "budget_spent": "{server} needs a person",
+    "refused": "refused to signal {server}",
+    "interrupted": "restart of {server} interrupted",
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    server: str
+    at: float
+    message: str
+    state: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return TITLES[self.kind].format(server=self.server, state=self.state or "")
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "title": self.title}, default=str)
+
+
+Notify = Callable[[str, str, str], bool]  # (url, title, body) -> delivered
+
+
+def apprise_notify(url: str, title: str, body: str) -> bool:
+    # Apprise loads its plugins on first use, and one imports the deprecated imghdr.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import apprise
+
+        sender = apprise.Apprise()
+        if not sender.add(url):
+            log.error("alert URL %s is not one Apprise knows", mask_url(url))
+            return False
+        return bool(sender.notify(title=title, body=body))
+
+
+class Alerter:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        hook: Sequence[str] = (),
+        *,
+        timeout: float = 15.0,
+        notify: Notify = apprise_notify,
+    ) -> None:
+        self.urls = tuple(urls)
+        self.hook = tuple(hook)
+        self.timeout = timeout
+        self.notify = notify
+        self.delivered: list[tuple[str, str]] = []  # (channel, event kind), for status and tests
+        # An Event to deliver, a threading.Event to set once all before it are delivered, or
+        # None to stop.
+        self._queue: queue.Queue[Event | threading.Event | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._work, name="alerts", daemon=True)
+        self._worker.start()
+
+    def send(self, event: Event) -> None:
+        self._queue.put(event)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Deliver what is queued, for at most about `timeout` seconds."""
+        self._queue.put(None)
+        self._worker.join(timeout)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait(timeout)
+
+    def _work(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            if isinstance(event, threading.Event):
+                event.set()
+                continue
+            for url in self.urls:
+                self._deliver(f"alert {mask_url(url)}", event, url)
+            if self.hook:
+                self._deliver("on_event hook", event, None)
+
+    def _deliver(self, channel: str, event: Event, url: str | None) -> None:
+        result: list[bool] = []
+
+        def run() -> None:
+            try:
+                if url is None:
+                    result.append(self._run_hook(event))
+                else:
+                    result.append(self.notify(url, event.title, event.message))
+            except Exception as exc:  # a channel's failure is never the watchdog's
+                log.error("%s failed: %s: %s", channel, type(exc).__name__, exc)
+                result.append(False)
+
+        thread = threading.Thread(target=run, name=channel, daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            log.error("%s timed out after %gs", channel, self.timeout)
+        elif result and result[0]:
+            self.delivered.append((channel, event.kind))
+        elif result:
+            log.error("%s was not delivered", channel)
+
+    def _run_hook(self, event: Event) -> bool:
+        try:
+            proc = subprocess.run(
+                list(self.hook),
+                input=event.to_json(),
+                text=True,
+                capture_output=True,
+                timeout=self.timeout,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.error("on_event hook %s failed: %s", self.hook[0], exc)
+            return False
+        if proc.returncode != 0:
+            log.error(
+                "on_event hook %s exited %d: %s",
+                self.hook[0],
+                proc.returncode,
+                proc.stderr.strip()[:200],
+            )
+        return proc.returncode == 0

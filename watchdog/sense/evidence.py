@@ -1,0 +1,225 @@
+"""What the operating system says about the server process and its client connections.
+
+A `CLOSE_WAIT` socket on the server's port is a client that left while the server still owes it
+an answer: the fingerprint of abandoned work. `ESTABLISHED` ones are clients still waiting.
+Every psutil call goes through `ProcessTable`, so tests and other platforms can swap it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from mlx_watchdog.config import ServerConfig
+
+Clock = Callable[[], float]
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Client:
+    address: Address
+    status: str  # "live" or "abandoned"
+    first_seen: float
+    abandoned_since: float | None
+
+
+@dataclass(frozen=True)
+class ProcessEvidence:
+    pid: int | None
+    local: bool = True  # False: the server is on another machine; nothing to inspect
+    create_time: float | None = None
+    cmdline: tuple[str, ...] = ()
+    matches: bool | None = None  # does the command line match the configured pattern
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    abandoned: int | None = None
+    live: int | None = None
+    clients: tuple[Client, ...] = field(default=())
+    error: str = ""
+
+    def age(self, now: float) -> float | None:
+        return None if self.create_time is None else now - self.create_time
+
+    def gave_up_after(self) -> list[float]:
+        """How long each abandoned client had waited when it left, where both ends were seen.
+
+        Both ends are sampled once a tick, so each figure is good to about one interval.
+        """
+        return sorted(
+            round(c.abandoned_since - c.first_seen, 1)
+            for c in self.clients
+            if c.abandoned_since is not None and c.abandoned_since > c.first_seen
+        )
+
+    def oldest_abandoned(self, now: float) -> float | None:
+        ages = [now - c.abandoned_since for c in self.clients if c.abandoned_since is not None]
+        return max(ages) if ages else None
+
+
+class ProcessTable:
+    """The few psutil calls the watchdog makes."""
+
+    def listener(self, port: int) -> int | None:
+        """PID of the process listening on `port`, among those this user may inspect."""
+        try:
+            for sconn in psutil.net_connections("tcp"):
+                if _listens(sconn, port) and sconn.pid is not None:
+                    return int(sconn.pid)
+        except psutil.AccessDenied:
+            pass  # macOS allows the system-wide list to root only: look process by process
+        uid = os.getuid()
+        for proc in psutil.process_iter(["uids"]):
+            try:
+                if proc.info["uids"] is None or proc.info["uids"].real != uid:
+                    continue
+                if any(_listens(c, port) for c in proc.net_connections("tcp")):
+                    return int(proc.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return None
+
+    def process(self, pid: int) -> psutil.Process:
+        return psutil.Process(pid)
+
+
+def _listens(conn: Any, port: int) -> bool:
+    return bool(conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port)
+
+
+def is_local_host(host: str) -> bool:
+    if host in ("localhost", socket.gethostname()):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.gethostbyname(host))
+        except OSError:
+            return False
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    local = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(ip) in local
+
+
+def _normal(addr: Address) -> Address:
+    ip, port = addr[0], addr[1]
+    return (ip.removeprefix("::ffff:"), int(port))
+
+
+class Inspector:
+    """Samples one server's process; keeps what must persist between samples.
+
+    psutil measures CPU between two calls on the same Process object, and a connection's
+    first-seen time only means something across samples, so one Inspector lives as long as
+    the watch on its server.
+    """
+
+    def __init__(
+        self,
+        server: ServerConfig,
+        *,
+        table: ProcessTable | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self.server = server
+        self.table = table or ProcessTable()
+        self.clock = clock
+        self.local = is_local_host(server.host)
+        self._proc: psutil.Process | None = None
+        self._proc_first = True
+        self._clients: dict[Address, Client] = {}
+
+    def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessEvidence:
+        """Look at the server now. `pid` comes from a manager; otherwise the port's listener.
+
+        `exclude` holds the watchdog's own probe addresses: neither live nor abandoned.
+        """
+        if not self.local:
+            return ProcessEvidence(pid=None, local=False, error="the server is on another machine")
+        now = self.clock()
+        port = self.server.port
+        guessed = pid is None and self._proc is not None
+        try:
+            if pid is None:
+                # The last listener is checked below; a full scan is costly (every socket).
+                pid = self._proc.pid if self._proc is not None else self.table.listener(port)
+        except (psutil.Error, OSError) as exc:
+            return ProcessEvidence(pid=None, error=f"cannot list listening sockets: {exc}")
+        if pid is None:
+            self._proc = None
+            self._clients.clear()
+            return ProcessEvidence(
+                pid=None, error=f"no process of this user listens on port {port}"
+            )
+        try:
+            proc = self._process(pid)
+            with proc.oneshot():
+                cmdline = tuple(proc.cmdline())
+                create_time = proc.create_time()
+                rss = int(proc.memory_info().rss)
+                cpu = proc.cpu_percent(interval=None)
+            conns = proc.net_connections("tcp")
+        except psutil.NoSuchProcess:
+            self._proc = None
+            if guessed:
+                return self.sample(None, exclude)
+            return ProcessEvidence(pid=None, error=f"process {pid} exited")
+        except (psutil.AccessDenied, psutil.ZombieProcess) as exc:
+            return ProcessEvidence(pid=pid, error=f"cannot inspect PID {pid}: {type(exc).__name__}")
+
+        if guessed and not any(_listens(c, port) for c in conns):
+            self._proc = None  # no longer the server: scan for the one that listens now
+            return self.sample(None, exclude)
+        skip = {_normal(a) for a in exclude}
+        seen: dict[Address, Client] = {}
+        for conn in conns:
+            if not conn.raddr or conn.laddr.port != port:
+                continue
+            addr = _normal((conn.raddr.ip, conn.raddr.port))
+            if addr in skip:
+                continue
+            if conn.status == psutil.CONN_CLOSE_WAIT:
+                status = "abandoned"
+            elif conn.status == psutil.CONN_ESTABLISHED:
+                status = "live"
+            else:
+                continue
+            before = self._clients.get(addr)
+            first_seen = before.first_seen if before else now
+            since = (
+                (before.abandoned_since if before and before.abandoned_since else now)
+                if status == "abandoned"
+                else None
+            )
+            seen[addr] = Client(addr, status, first_seen, since)
+        self._clients = seen
+        clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
+        return ProcessEvidence(
+            pid=pid,
+            create_time=create_time,
+            cmdline=cmdline,
+            matches=self.server.match in " ".join(cmdline),
+            cpu_percent=None if self._proc_first else cpu,
+            rss_bytes=rss,
+            abandoned=sum(c.status == "abandoned" for c in clients),
+            live=sum(c.status == "live" for c in clients),
+            clients=clients,
+        )
+
+    def _process(self, pid: int) -> psutil.Process:
+        # A new Process object's first cpu_percent() is meaningless; remember whether it is.
+        if self._proc is None or self._proc.pid != pid:
+            self._proc = self.table.process(pid)
+            self._proc_first = True
+        else:
+            self._proc_first = False
+        return self._proc

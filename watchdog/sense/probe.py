@@ -1,0 +1,533 @@
+"""The generation probe and the `/v1/models` check.
+
+The probe is one tiny streaming chat completion. It runs in its own thread so the caller can
+watch the server's process while it waits, and it never gives up early: the connection stays
+open up to `hard_timeout`, because a probe that disconnects is one more abandoned request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from mlx_watchdog.config import ServerConfig
+
+Clock = Callable[[], float]
+
+MAX_BODY = 1 << 20  # a 1-token answer is a few kB; more means the server ignores max_tokens
+MAX_ERROR_BODY = 64 << 10
+CONNECT_TIMEOUT = 10.0
+
+# Findings of a finished probe. "ok" served a token; the rest name what was wrong.
+OK = "ok"
+DEAD_FINDINGS = {
+    "auth_failed": "the server refused the API key",
+    "http_error": "the server answered with an HTTP error",
+    "html_error": "the server answered with an HTML page instead of JSON",
+    "invalid_json": "the server sent a body that is not valid JSON",
+    "no_data_events": "the stream ended without any data: event",
+    "done_without_token": "the stream ended with [DONE] before any token",
+    "zero_tokens": "the server answered 200 with zero tokens",
+    "finish_error": 'the server finished with finish_reason "error"',
+    "stream_error": "the stream carried an error object",
+    "body_too_large": "the answer is larger than a 1-token probe can be",
+    "trickle": "bytes kept trickling in without a token",
+    "reset": "the server closed or reset the connection mid-answer",
+}
+DOWN_FINDINGS = {
+    "refused": "connection refused: nothing is listening",
+    "connect_timeout": "could not connect in time",
+    "connect_error": "could not connect",
+}
+
+
+@dataclass(frozen=True)
+class ProbeSnapshot:
+    """What one probe has seen so far; times are clock readings, None until they happen."""
+
+    started_at: float
+    connected_at: float | None = None
+    headers_at: float | None = None
+    first_data_at: float | None = None
+    first_token_at: float | None = None
+    done_at: float | None = None
+    status: int | None = None
+    bytes: int = 0
+    keepalives: int = 0
+    keepalive_progress: str | None = None
+    tokens: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    finding: str | None = None  # None while the probe still waits
+    detail: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.finding is not None
+
+    def waited(self, now: float) -> float:
+        return (self.done_at if self.done_at is not None else now) - self.started_at
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started_at
+
+    def phases(self) -> dict[str, float | None]:
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.started_at, 4)
+
+        return {
+            "connect_s": since(self.connected_at),
+            "headers_s": since(self.headers_at),
+            "first_data_s": since(self.first_data_at),
+            "first_token_s": since(self.first_token_at),
+            "done_s": since(self.done_at),
+        }
+
+
+def probe_body(server: ServerConfig) -> dict[str, Any]:
+    # No "seed" (it forces serial serving) and no "model" unless configured (a different
+    # name makes mlx_lm.server load that model).
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": server.probe.prompt}],
+        "max_tokens": server.probe.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+    if server.model:
+        body["model"] = server.model
+    return body
+
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for every probe: building one loads the CA store (~30 ms of CPU).
+    The same CA bundle httpx uses by default (certifi)."""
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def auth_headers(server: ServerConfig) -> dict[str, str]:
+    key = server.api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class Probe:
+    """One generation probe in flight. `start()` it, then read `snapshot()` at any time."""
+
+    def __init__(
+        self,
+        server: ServerConfig,
+        *,
+        clock: Clock = time.time,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = server
+        self._clock = clock
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._snap = ProbeSnapshot(started_at=clock())
+        self._sock: socket.socket | None = None
+        self.local_address: tuple[str, int] | None = None  # excluded from the live clients
+        self._aborted = False
+        self._thread = threading.Thread(target=self._run, name=f"probe-{server.name}", daemon=True)
+
+    def start(self) -> Probe:
+        with self._lock:
+            self._snap = ProbeSnapshot(started_at=self._clock())
+        self._thread.start()
+        return self
+
+    def run(self) -> ProbeSnapshot:
+        """Probe in the calling thread, to the end."""
+        self._run()
+        return self.snapshot()
+
+    def snapshot(self) -> ProbeSnapshot:
+        with self._lock:
+            return self._snap
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def abort(self) -> None:
+        """Close the connection from another thread (shutting down: the process is going)."""
+        self._aborted = True
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    # -- the work --------------------------------------------------------------------------
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            self._snap = replace(self._snap, **changes)
+
+    def _finish(self, finding: str, detail: str = "") -> None:
+        with self._lock:
+            if self._snap.finding is None:
+                self._snap = replace(
+                    self._snap, finding=finding, detail=detail, done_at=self._clock()
+                )
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                self._sock = sock
+                with contextlib.suppress(OSError):
+                    self.local_address = sock.getsockname()[:2]
+            self._set(connected_at=self._clock())
+        elif event == "http11.receive_response_headers.complete":
+            self._set(headers_at=self._clock())
+
+    def _run(self) -> None:
+        hard = self.server.probe.hard_timeout
+        timeout = httpx.Timeout(connect=min(CONNECT_TIMEOUT, hard), read=hard, write=30.0, pool=5.0)
+        headers = {"Accept": "text/event-stream"}
+        try:
+            headers.update(auth_headers(self.server))
+        except OSError as exc:
+            self._finish("auth_failed", f"cannot read api_key_file: {exc.strerror}")
+            return
+        try:
+            with (
+                httpx.Client(timeout=timeout, transport=self._transport, verify=tls()) as client,
+                client.stream(
+                    "POST",
+                    self.server.url + "/v1/chat/completions",
+                    json=probe_body(self.server),
+                    headers=headers,
+                    extensions={"trace": self._trace},
+                ) as response,
+            ):
+                self._set(status=response.status_code)
+                if self.snapshot().headers_at is None:
+                    self._set(headers_at=self._clock())
+                self._read(response, hard)
+        except httpx.ConnectError as exc:
+            self._finish("refused" if _refused(exc) else "connect_error", str(exc))
+        except httpx.ConnectTimeout:
+            self._finish("connect_timeout", f"no connection within {CONNECT_TIMEOUT:g}s")
+        except httpx.ReadTimeout:
+            if self.snapshot().bytes == 0:
+                self._finish("no_response", f"no byte within the hard timeout of {hard:g}s")
+            else:
+                self._finish("trickle", f"stalled after {self.snapshot().bytes} bytes")
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            if self._aborted:
+                self._finish("aborted", "the watchdog closed the probe")
+            elif self.snapshot().tokens > 0:
+                self._finish(OK, f"served a token, then: {exc}")
+            else:
+                self._finish("reset", str(exc) or type(exc).__name__)
+        except httpx.HTTPError as exc:
+            self._finish("connect_error", f"{type(exc).__name__}: {exc}")
+
+    def _read(self, response: httpx.Response, hard: float) -> None:
+        ctype = response.headers.get("content-type", "").lower()
+        status = response.status_code
+        if status != 200:
+            body = self._collect(response, MAX_ERROR_BODY)
+            self._finish(*classify_error(status, ctype, body))
+            return
+        if "text/html" in ctype:
+            self._finish("html_error", "200 with an HTML page")
+            return
+        if "text/event-stream" not in ctype:
+            body = self._collect(response, MAX_BODY)
+            if body is not None:
+                self._finish(*self._judge_json(body))
+            return
+        self._read_stream(response, hard)
+
+    def _chunks(self, response: httpx.Response, cap: int) -> Iterator[bytes]:
+        hard = self.server.probe.hard_timeout
+        for chunk in response.iter_raw():
+            size = self.snapshot().bytes + len(chunk)
+            self._set(bytes=size)
+            if size > cap:
+                self._finish("body_too_large", f"more than {cap} bytes")
+                return
+            snap = self.snapshot()
+            if self._clock() - snap.started_at > hard:
+                if snap.tokens:
+                    self._finish(OK, f"served a token; the stream did not end in {hard:g}s")
+                else:
+                    self._finish("trickle", f"{size} bytes and no token in {hard:g}s")
+                return
+            yield chunk
+
+    def _collect(self, response: httpx.Response, cap: int) -> bytes | None:
+        parts = list(self._chunks(response, cap))
+        return None if self.snapshot().done else b"".join(parts)
+
+    def _judge_json(self, body: bytes) -> tuple[str, str]:
+        """A 200 answer that is not a stream: accept a proper non-streaming completion."""
+        if body.lstrip()[:1] == b"<":
+            return "html_error", "200 with an HTML page"
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return "invalid_json", _excerpt(body)
+        if not isinstance(data, dict):
+            return "invalid_json", _excerpt(body)
+        if "error" in data:
+            return "http_error", f"200 with error: {_excerpt(json.dumps(data['error']).encode())}"
+        now = self._clock()
+        usage = _dict(data.get("usage"))
+        choices = _list(data.get("choices"))
+        text = ""
+        finish = None
+        for ch in choices:
+            if isinstance(ch, dict):
+                msg = _dict(ch.get("message"))
+                text += str(msg.get("content") or "") + str(msg.get("reasoning_content") or "")
+                finish = ch.get("finish_reason") or finish
+        tokens = _int(usage.get("completion_tokens")) or (1 if text else 0)
+        self._set(
+            tokens=tokens,
+            finish_reason=finish,
+            first_data_at=now,
+            first_token_at=now if tokens else None,
+            **_usage(usage),
+        )
+        if finish == "error":
+            return "finish_error", "non-streaming answer"
+        return (OK, "non-streaming answer") if tokens else ("zero_tokens", "non-streaming answer")
+
+    def _read_stream(self, response: httpx.Response, hard: float) -> None:
+        buf = b""
+        saw_data = False
+        for chunk in self._chunks(response, MAX_BODY):
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                result = self._line(raw.rstrip(b"\r"))
+                if result == "data":
+                    saw_data = True
+                elif result is not None:
+                    return
+        if self.snapshot().done:
+            return
+        if buf.strip():
+            if self._line(buf.strip()) is not None and self.snapshot().done:
+                return
+            saw_data = saw_data or buf.startswith(b"data:")
+        snap = self.snapshot()
+        if snap.tokens > 0:
+            self._finish(OK, "stream ended without [DONE]")
+        elif not saw_data:
+            self._finish("no_data_events", f"{snap.bytes} bytes, {snap.keepalives} keepalives")
+        else:
+            self._finish("zero_tokens", "the stream ended with no token")
+
+    def _line(self, line: bytes) -> str | None:
+        """Handle one SSE line: None to go on, "data" for an event, anything else: finished."""
+        if not line:
+            return None
+        if line.startswith(b":"):
+            text = line[1:].strip().decode(errors="replace")
+            if text.startswith("keepalive"):
+                self._set(
+                    keepalives=self.snapshot().keepalives + 1,
+                    keepalive_progress=text.removeprefix("keepalive").strip() or None,
+                )
+            return None
+        if not line.startswith(b"data:"):
+            return None  # "event:", "id:", "retry:" carry nothing we need
+        payload = line[5:].strip()
+        now = self._clock()
+        if self.snapshot().first_data_at is None:
+            self._set(first_data_at=now)
+        if payload == b"[DONE]":
+            if self.snapshot().tokens == 0:
+                self._finish("done_without_token", "[DONE] with no token")
+            else:
+                self._finish(OK)
+            return "done"
+        try:
+            event = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            self._finish("invalid_json", _excerpt(payload))
+            return "done"
+        if not isinstance(event, dict):
+            self._finish("invalid_json", _excerpt(payload))
+            return "done"
+        if "error" in event:
+            self._finish("stream_error", _excerpt(json.dumps(event["error"]).encode()))
+            return "done"
+        snap = self.snapshot()
+        tokens = snap.tokens
+        finish = snap.finish_reason
+        for ch in _list(event.get("choices")):
+            if not isinstance(ch, dict):
+                continue
+            delta = _dict(ch.get("delta"))
+            # Count tokens, not text: a reasoning model's first token can be empty content.
+            if (
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+                or delta.get("tool_calls")
+            ):
+                tokens += 1
+            finish = ch.get("finish_reason") or finish
+        usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
+        if usage is not None:
+            tokens = max(tokens, _int(usage.get("completion_tokens")))
+        changes: dict[str, Any] = {"tokens": tokens, "finish_reason": finish}
+        if usage is not None:
+            changes.update(_usage(usage))
+        if tokens and snap.first_token_at is None:
+            changes["first_token_at"] = now
+        self._set(**changes)
+        if finish == "error":
+            self._finish("finish_error", 'finish_reason "error"')
+            return "done"
+        return "data"
+
+
+def classify_error(status: int, ctype: str, body: bytes | None) -> tuple[str, str]:
+    if body is None:
+        return "body_too_large", f"HTTP {status} with a huge body"
+    if status in (401, 403):
+        return "auth_failed", f"HTTP {status}: check api_key_file"
+    if "text/html" in ctype or body.lstrip()[:1] == b"<":
+        return "html_error", f"HTTP {status} with an HTML page"
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "http_error", f"HTTP {status}: {_excerpt(body)}"
+    if isinstance(data, dict) and "error" in data:
+        err = data["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return "http_error", f"HTTP {status}: {_excerpt(str(msg).encode())}"
+    return "http_error", f"HTTP {status}: {_excerpt(body)}"
+
+
+# -- /v1/models ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelsCheck:
+    status: int | None
+    ok: bool
+    finding: str  # "ok", "refused", "timeout", "error", "empty_body", "invalid_json", "http_error", "not_listed"
+    detail: str
+    ids: tuple[str, ...]
+    elapsed: float
+
+
+def check_models(
+    server: ServerConfig,
+    *,
+    clock: Clock = time.time,
+    transport: httpx.BaseTransport | None = None,
+) -> ModelsCheck:
+    start = clock()
+
+    def done(
+        status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()
+    ) -> ModelsCheck:
+        return ModelsCheck(status, finding == "ok", finding, detail, ids, clock() - start)
+
+    try:
+        headers = auth_headers(server)
+    except OSError as exc:
+        return done(None, "error", f"cannot read api_key_file: {exc.strerror}")
+    try:
+        with (
+            httpx.Client(
+                timeout=server.probe.models_timeout, transport=transport, verify=tls()
+            ) as client,
+            client.stream("GET", server.url + "/v1/models", headers=headers) as response,
+        ):
+            body = b""
+            for chunk in response.iter_raw():
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return done(response.status_code, "http_error", "body over 1 MiB")
+            status = response.status_code
+    except httpx.ConnectError as exc:
+        return done(None, "refused" if _refused(exc) else "error", str(exc))
+    except httpx.TimeoutException:
+        return done(None, "timeout", f"no answer within {server.probe.models_timeout:g}s")
+    except httpx.HTTPError as exc:
+        return done(None, "error", f"{type(exc).__name__}: {exc}")
+    if status != 200:
+        return done(status, "http_error", f"HTTP {status}: {_excerpt(body)}")
+    if not body.strip():
+        return done(
+            status,
+            "empty_body",
+            "200 with an empty body (a missing Hugging Face cache folder does this)",
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return done(status, "invalid_json", _excerpt(body))
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return done(status, "invalid_json", 'no "data" list')
+    ids = tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
+    if server.model and server.model not in ids:
+        return done(
+            status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids
+        )
+    return done(status, "ok", f"{len(ids)} models listed", ids)
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return {
+        "prompt_tokens": _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else None,
+        "cached_tokens": _int(cached) if cached is not None else None,
+    }
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if (
+            isinstance(seen, ConnectionRefusedError)
+            or getattr(seen, "errno", None) == errno.ECONNREFUSED
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "connection refused" in str(exc).lower()
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _excerpt(body: bytes, limit: int = 120) -> str:
+    text = body.decode(errors="replace").strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."

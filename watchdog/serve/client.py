@@ -1,0 +1,89 @@
+"""How the CLI talks to a running daemon: find it, ask its status, ask it to act.
+
+The daemon writes its endpoint's address to `state_dir/daemon.json` and the bearer token to
+`state_dir/api-token`; without a live daemon, status comes from the history database.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from mlx_watchdog.config import Config
+from mlx_watchdog.record.store import open_history
+from mlx_watchdog.serve.endpoint import DAEMON_FILE, TOKEN_FILE
+from mlx_watchdog.serve.status import from_history
+
+TIMEOUT = 5.0
+
+
+class DaemonNotRunning(Exception):
+    """No watchdog answers for this state_dir; the message says what was found."""
+
+
+class ActionRefused(Exception):
+    """The daemon answered an action with an error; the message is its answer."""
+
+
+def daemon_url(state_dir: Path) -> str:
+    path = state_dir / DAEMON_FILE
+    try:
+        record = json.loads(path.read_text())
+        pid, url = int(record["pid"]), str(record["url"])
+    except FileNotFoundError:
+        raise DaemonNotRunning(f"the watchdog is not running (no {path})") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DaemonNotRunning(f"{path} is unreadable ({exc})") from None
+    if not psutil.pid_exists(pid):
+        raise DaemonNotRunning(f"the watchdog is not running (PID {pid} in {path} is gone)")
+    return url
+
+
+def live_status(state_dir: Path) -> dict[str, Any]:
+    url = daemon_url(state_dir)
+    try:
+        r = httpx.get(url + "/status", timeout=TIMEOUT)
+        r.raise_for_status()
+        doc: dict[str, Any] = r.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
+    return doc
+
+
+def history_status(config: Config, why: str, now: float | None = None) -> dict[str, Any]:
+    """The status document built from the history database, saying why it is not live."""
+    now = time.time() if now is None else now
+    store = open_history(config.watchdog.state_dir, create=False)
+    try:
+        servers = [from_history(s, store, now) for s in config.servers]
+    finally:
+        store.close()
+    return {"watchdog": {"running": False, "why": why}, "servers": servers}
+
+
+def act(state_dir: Path, name: str, action: str) -> str:
+    url = daemon_url(state_dir)
+    try:
+        token = (state_dir / TOKEN_FILE).read_text().strip()
+    except OSError as exc:
+        raise DaemonNotRunning(f"cannot read the token {state_dir / TOKEN_FILE}: {exc}") from None
+    try:
+        r = httpx.post(
+            f"{url}/servers/{name}/{action}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=TIMEOUT,
+        )
+    except httpx.HTTPError as exc:
+        raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = {"error": r.text[:200]}
+    if r.status_code != 202:
+        raise ActionRefused(str(doc.get("error", doc)))
+    return str(doc["message"])

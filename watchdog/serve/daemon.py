@@ -1,0 +1,422 @@
+"""The daemon: one APScheduler job per server, transitions, triggers, signals and reloads.
+
+Signal handlers only set a flag; a control thread does the work (stop the scheduler, reload
+the config), so nothing heavy ever runs inside a handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.schedulers.blocking import BlockingScheduler
+
+from mlx_watchdog import __version__
+from mlx_watchdog.act.heal import Healer, Watch
+from mlx_watchdog.act.managers import System, make_manager
+from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
+from mlx_watchdog.judge.advice import incident_advice
+from mlx_watchdog.judge.verdict import Observation, Verdict, judge
+from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
+from mlx_watchdog.record.store import HISTORY_FILE, Store
+from mlx_watchdog.sense.evidence import Inspector, ProcessTable
+from mlx_watchdog.sense.probe import Probe, check_models
+from mlx_watchdog.serve.endpoint import DAEMON_FILE, TOKEN_FILE, ensure_token
+from mlx_watchdog.serve.endpoint import start as start_endpoint
+from mlx_watchdog.serve.logs import own_log, rotate
+from mlx_watchdog.serve.metrics import Metrics
+from mlx_watchdog.serve.status import describe
+
+log = logging.getLogger("mlx_watchdog")
+
+STOP_TIMEOUT = 20.0  # for a restart in progress to finish by itself
+INTERRUPT_TIMEOUT = 5.0
+LOG_CHECK = 60.0  # seconds between log size checks
+BAD = ("wedged", "dead", "down")
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        system: System | None = None,
+        table: ProcessTable | None = None,
+        notify: Notify = apprise_notify,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.system = system or System()
+        self.table = table or ProcessTable()
+        self.clock = clock
+        self.state_dir = config.watchdog.state_dir
+        self.store = Store(self.state_dir / HISTORY_FILE, clock=clock)
+        self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._wake = threading.Event()
+        self._active = 0
+        self._active_cv = threading.Condition()
+        self.metrics = Metrics(lambda: self.status()["servers"])
+        self.healer = Healer(
+            self.store,
+            self.alerter,
+            system=self.system,
+            table=self.table,
+            clock=clock,
+            stopping=self._stop.is_set,
+            on_event=self.metrics.event,
+        )
+        self.started_at = clock()
+        self.own_log = own_log()
+        self.endpoint: ThreadingHTTPServer | None = None
+        self.watches: dict[str, Watch] = {}
+        self.scheduler: BlockingScheduler | None = None
+        for server in config.servers:
+            self.watches[server.name] = self._watch(server)
+
+    # -- one server, one tick ---------------------------------------------------------------
+
+    def _watch(self, server: ServerConfig) -> Watch:
+        w = Watch(
+            server=server,
+            manager=make_manager(server, self.system, self.state_dir),
+            inspector=Inspector(server, table=self.table, clock=self.clock),
+        )
+        now = self.clock()
+        incident = self.store.open_incident_for(server.name)
+        if incident is not None:
+            w.incident, w.incident_began = incident.id, incident.began_at
+        w.needs_person = self.store.held(server.name)
+        for r in self.store.interrupt_unfinished(server.name, now):
+            self.healer.emit(
+                w,
+                "interrupted",
+                f"a restart begun at {time.ctime(r.at)} never "
+                "finished (the watchdog stopped); it counts against the budget",
+            )
+        return w
+
+    def tick(self, name: str) -> Verdict | None:
+        """Judge one server once: start a probe, or judge the age of the one in flight."""
+        w = self.watches[name]
+        server = w.server
+        while w.requests:
+            self._carry_out(w, w.requests.popleft())
+        if w.probe is None:
+            w.probe = Probe(server, clock=self.clock).start()
+            w.models = check_models(server, clock=self.clock)
+            # Most probes end in milliseconds; judge those in this tick.
+            w.probe.wait(min(server.probe.slow_after, self.config.watchdog.interval / 2))
+        probe = w.probe
+        snap = probe.snapshot()
+        exclude = [probe.local_address] if probe.local_address else []
+        process = w.inspector.sample(w.manager.pid(), exclude=exclude)
+        if snap.done:
+            w.probe = None  # the next tick sends a new one; never two in flight
+        verdict = judge(Observation(snap, process, w.models), server.probe, self.clock())
+        if verdict is None:
+            return w.verdict
+        self.store.record_probe(name, self.clock(), verdict.state, verdict.reason, verdict.evidence)
+        self.metrics.observe(name, verdict)
+        self._transition(w, verdict)
+        return w.verdict
+
+    def _transition(self, w: Watch, v: Verdict) -> None:
+        before = w.verdict.state if w.verdict else None
+        w.verdict = v
+        now = self.clock()
+        w.judged_at = now
+        if before != v.state:
+            w.state_since = now
+            log.info("%s %s", w.server.name, v.reason)
+        if v.state in ("healthy", "slow"):
+            self.healer.recovered(w, now, recover_s=None, how="recovered by itself")
+            return
+        if v.state not in BAD:
+            return
+        advice = self._advice(w, v)
+        if w.incident is None:
+            # The outage began when the unanswered probe was sent, not when it was judged.
+            began = now - float(v.evidence.get("waited_s") or 0.0)
+            w.incident = self.store.open_incident(
+                w.server.name, now, v.state, v.reason, v.evidence, began_at=began
+            )
+            w.incident_began = began
+            if advice:
+                self.store.set_advice(w.incident, advice)
+            message = f"{v.reason}. {advice}" if advice else v.reason
+            self.healer.emit(w, "detected", message, advice=advice, **_brief(v))
+        elif advice:
+            self.store.set_advice(w.incident, advice)  # more clients may have given up since
+        trigger = None
+        if v.state == "wedged":
+            trigger = "wedged"
+        elif v.state == "dead":
+            w.dead_streak += 1
+            trigger = "dead" if w.dead_streak >= 2 else None
+        else:
+            w.dead_streak = 0
+        if v.state == "down":
+            w.down_since = w.down_since or now
+            if now - w.down_since >= w.server.probe.startup_grace:
+                trigger = "down"
+        else:
+            w.down_since = None
+        if trigger is not None:
+            self.healer.heal(w, trigger, v.reason)
+
+    def _carry_out(self, w: Watch, action: str) -> None:
+        log.info("%s %s asked for through the endpoint", w.server.name, action)
+        if action == "restart":
+            self.healer.heal(w, "manual", "a person asked for a restart", manual=True)
+        elif action == "drain":
+            self.healer.drain(w)
+        elif action == "undrain":
+            self.healer.undrain(w)
+
+    # -- what the endpoint and `status` show -------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        servers = []
+        for w in list(self.watches.values()):
+            v = w.verdict
+            servers.append(
+                describe(
+                    w.server,
+                    self.store,
+                    now,
+                    state=v.state if v else None,
+                    reason=v.reason if v else "no verdict yet",
+                    at=w.judged_at,
+                    evidence=v.evidence if v else {},
+                    since=w.state_since,
+                    last_token_at=w.last_token_at,
+                    draining=w.draining,
+                    restarting=w.restarting,
+                )
+            )
+        return {
+            "watchdog": {
+                "pid": os.getpid(),
+                "version": __version__,
+                "started_at": self.started_at,
+                "interval_s": self.config.watchdog.interval,
+                "running": True,
+            },
+            "servers": servers,
+        }
+
+    def prometheus(self) -> tuple[bytes, str]:
+        return self.metrics.exposition()
+
+    def act(self, name: str, action: str) -> str:
+        w = self.watches[name]  # KeyError: no such server
+        w.requests.append(action)
+        if self.scheduler is not None and self.scheduler.running:
+            with contextlib.suppress(JobLookupError):
+                self.scheduler.modify_job(name, next_run_time=datetime.now(UTC))
+        return f"{action} of {name} queued; it runs at the server's next tick"
+
+    def _advice(self, w: Watch, v: Verdict) -> str | None:
+        waits = v.evidence.get("gave_up_after_s") or []
+        if not waits or waits == w.advised_waits:
+            return None
+        w.advised_waits = list(waits)
+        return incident_advice(waits, self.store.last_calibration(w.server.name))
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _job(self, name: str) -> None:
+        if self._stop.is_set():
+            return
+        with self._active_cv:
+            self._active += 1
+        try:
+            self.tick(name)
+        except Exception:  # a fault in one tick must not stop the probing
+            log.exception("%s tick failed; probing goes on", name)
+        finally:
+            with self._active_cv:
+                self._active -= 1
+                self._active_cv.notify_all()
+
+    def rotate_logs(self) -> None:
+        settings = self.config.watchdog
+        paths = [w.server.log_file for w in self.watches.values() if w.server.log_file]
+        if self.own_log is not None:
+            paths.append(self.own_log)
+        for path in paths:
+            try:
+                if rotate(path, settings.log_max_size, settings.log_keep):
+                    log.info("rotated %s (over %d bytes)", path, settings.log_max_size)
+            except OSError as exc:
+                log.error("cannot rotate %s: %s", path, exc.strerror or exc)
+
+    def _schedule(self) -> None:
+        assert self.scheduler is not None
+        for job in self.scheduler.get_jobs():
+            job.remove()
+        now = datetime.now(UTC)
+        self.scheduler.add_job(
+            self.rotate_logs, "interval", id="logs", seconds=LOG_CHECK, coalesce=True
+        )
+        for name in self.watches:
+            self.scheduler.add_job(
+                self._job,
+                "interval",
+                args=[name],
+                id=name,
+                seconds=self.config.watchdog.interval,
+                next_run_time=now,
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=None,
+            )
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run in the foreground until SIGTERM/SIGINT (or `stop()`); SIGHUP reloads."""
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
+        self.scheduler = BlockingScheduler(
+            executors={"default": ThreadPoolExecutor(max(4, 2 * len(self.watches)))}
+        )
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+        for w in self.watches.values():
+            w.manager.start()
+        self._serve_endpoint()
+        self._schedule()
+        control = threading.Thread(target=self._control, name="control", daemon=True)
+        control.start()
+        log.info("watching %s every %gs", ", ".join(self.watches), self.config.watchdog.interval)
+        try:
+            self.scheduler.start()
+        finally:
+            self._finish()
+        return 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self._wake.set()
+
+    def _control(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                assert self.scheduler is not None
+                self.scheduler.shutdown(wait=False)
+                return
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+
+    def reload(self) -> bool:
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running config: %s", exc)
+            return False
+        old = {s.name: s for s in self.config.servers}
+        fresh = {s.name: s for s in new.servers}
+        for name in old.keys() - fresh.keys():
+            self.watches.pop(name).manager.stop()
+        for name, server in fresh.items():
+            if old.get(name) != server:
+                previous = self.watches.pop(name, None)
+                if previous is not None:
+                    previous.manager.stop()
+                self.watches[name] = self._watch(server)
+                self.watches[name].manager.start()
+        self.config = new
+        if self.scheduler is not None:
+            self._schedule()
+        log.info("config reloaded: watching %s", ", ".join(self.watches))
+        return True
+
+    def _finish(self) -> None:
+        self._stop.set()
+        if not self._settle(STOP_TIMEOUT):
+            # A restart still running: kill its command so it ends, recorded as interrupted.
+            log.warning("a restart is still running after %gs; interrupting it", STOP_TIMEOUT)
+            self.system.interrupt()
+            self._settle(INTERRUPT_TIMEOUT)
+            self.system.resume()  # the managed servers still get their stop grace
+        for w in self.watches.values():
+            if w.probe is not None:
+                w.probe.abort()
+            w.manager.stop()
+        if self.endpoint is not None:
+            self.endpoint.shutdown()
+            self.endpoint.server_close()
+            (self.state_dir / DAEMON_FILE).unlink(missing_ok=True)
+        self.alerter.close(timeout=5.0)
+        self.store.close()
+        log.info("stopped")
+
+    def _serve_endpoint(self) -> None:
+        """Start /healthz, /status, /metrics; without them the watchdog still probes and heals."""
+        settings = self.config.watchdog
+        if settings.listen_port is None:
+            return
+        try:
+            token = ensure_token(self.state_dir / TOKEN_FILE)
+            self.endpoint, _ = start_endpoint(
+                self, settings.listen_host, settings.listen_port, token
+            )
+        except OSError as exc:
+            log.error(
+                "cannot serve the endpoint on %s:%s (%s); probing goes on without it",
+                settings.listen_host,
+                settings.listen_port,
+                exc.strerror or exc,
+            )
+            return
+        host, port = str(self.endpoint.server_address[0]), self.endpoint.server_address[1]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        record = {"pid": os.getpid(), "url": url, "started_at": self.started_at}
+        (self.state_dir / DAEMON_FILE).write_text(json.dumps(record))
+        log.info("endpoint at %s (/healthz, /status, /metrics)", url)
+
+    def _settle(self, timeout: float) -> bool:
+        """Wait for the running jobs to end; False when some are still running."""
+        deadline = time.monotonic() + timeout
+        with self._active_cv:
+            while self._active and time.monotonic() < deadline:
+                self._active_cv.wait(deadline - time.monotonic())
+            return not self._active
+
+
+def _brief(v: Verdict) -> dict[str, object]:
+    keys = (
+        "waited_s",
+        "bytes",
+        "tokens",
+        "abandoned_connections",
+        "live_connections",
+        "cpu_percent",
+        "models_status",
+        "pid",
+    )
+    return {k: v.evidence.get(k) for k in keys}

@@ -1,0 +1,125 @@
+"""Prometheus metrics in a registry of the watchdog's own (never the global one).
+
+Counters and the time-to-first-token histogram are updated as probes and events happen; the
+gauges are read from the status documents at scrape time, so nothing is kept twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from mlx_watchdog.judge.verdict import STATES, Verdict
+
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+Status = Callable[[], list[dict[str, Any]]]
+
+
+class Metrics:
+    def __init__(self, status: Status) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            "mlx_watchdog_time_to_first_token_seconds",
+            "Time from sending a probe to its first token.",
+            ["server"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.probes = Counter(
+            "mlx_watchdog_probes",
+            "Probes judged, by the state they showed.",
+            ["server", "state"],
+            registry=self.registry,
+        )
+        self.restarts = Counter(
+            "mlx_watchdog_restarts",
+            "Restarts begun, by what triggered them.",
+            ["server", "reason"],
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "mlx_watchdog_events",
+            "Events the watchdog reported (detected, restarting, recovered, ...).",
+            ["server", "kind"],
+            registry=self.registry,
+        )
+        self.registry.register(_StatusCollector(status))
+
+    def observe(self, server: str, verdict: Verdict) -> None:
+        self.probes.labels(server, verdict.state).inc()
+        ttft = verdict.evidence.get("ttft_s")
+        if ttft is not None:
+            self.ttft.labels(server).observe(float(ttft))
+
+    def event(self, server: str, kind: str, data: dict[str, Any]) -> None:
+        self.events.labels(server, kind).inc()
+        if kind == "restarting":
+            self.restarts.labels(server, str(data.get("trigger", "unknown"))).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _StatusCollector(Collector):
+    def __init__(self, status: Status) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        docs = self.status()
+
+        def gauge(name: str, doc: str, key: str) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["server"])
+            for d in docs:
+                if d.get(key) is not None:
+                    family.add_metric([d["name"]], float(d[key]))
+            return family
+
+        state = GaugeMetricFamily(
+            "mlx_watchdog_state",
+            "1 for the state the server is in, 0 for the others.",
+            labels=["server", "state"],
+        )
+        for d in docs:
+            for s in (*STATES, "unknown"):
+                state.add_metric([d["name"], s], 1.0 if d["state"] == s else 0.0)
+        yield state
+        yield gauge("mlx_watchdog_serving", "1 while the server can take traffic.", "serving")
+        yield gauge(
+            "mlx_watchdog_abandoned_connections",
+            "Client connections the server still owes an answer after the client left.",
+            "abandoned_connections",
+        )
+        yield gauge(
+            "mlx_watchdog_live_connections",
+            "Client connections being served, besides the probe's own.",
+            "live_connections",
+        )
+        yield gauge(
+            "mlx_watchdog_last_token_timestamp_seconds",
+            "Unix time of the last probe that got a token.",
+            "last_token_at",
+        )
+        yield gauge(
+            "mlx_watchdog_server_resident_memory_bytes",
+            "Resident memory of the server process.",
+            "rss_bytes",
+        )
+        yield gauge(
+            "mlx_watchdog_restart_budget_remaining",
+            "Restarts left in the current window.",
+            "budget_left",
+        )
+        held = GaugeMetricFamily(
+            "mlx_watchdog_needs_person",
+            "1 while the restart budget is spent and a person is needed.",
+            labels=["server"],
+        )
+        for d in docs:
+            held.add_metric([d["name"]], 1.0 if d.get("needs_person") else 0.0)
+        yield held
