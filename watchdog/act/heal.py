@@ -23,15 +23,29 @@ from mlx_watchdog.act.managers import (
 )
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import decide
+from mlx_watchdog.judge.check import Checker
+from mlx_watchdog.judge.triggers import Streak
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Event
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.evidence import Inspector, ProcessTable
-from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, ModelsCheck, Probe
+from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe
 
 log = logging.getLogger("mlx_watchdog")
 
 RETRY_PAUSE = 0.5
+
+
+@dataclass
+class OpenIncident:
+    """An incident lives here, in memory; its history row is optional (a locked or lost
+    database must not make the watchdog announce it again at every tick, nor forget to close it).
+    """
+
+    began_at: float  # wall time serving stopped, as the probes saw it
+    id: int | None = None  # its row in the history, when it could be written
+    advised_waits: list[float] = field(default_factory=list)  # what the advice says
+    said: set[str] = field(default_factory=set)  # one alert per kind per incident
 
 
 @dataclass
@@ -40,24 +54,26 @@ class Watch:
 
     server: ServerConfig
     manager: Manager
-    inspector: Inspector
-    probe: Probe | None = None
-    models: ModelsCheck | None = None
+    checker: Checker
     verdict: Verdict | None = None
-    dead_streak: int = 0
-    down_since: float | None = None
-    incident: int | None = None
-    incident_began: float | None = None  # when serving stopped, as the probes saw it
+    streak: Streak = field(default_factory=Streak)
+    incident: OpenIncident | None = None
     needs_person: str | None = None
     draining: bool = False
     restarting: bool = False
     last_token_at: float | None = None
     state_since: float | None = None
     judged_at: float | None = None
-    advised_waits: list[float] = field(default_factory=list)  # what the incident advice says
-    said: set[str] = field(default_factory=set)  # one alert per kind per incident
+    # Span-clock readings at the end of the last tick, to notice a sleep or a clock jump.
+    last_tick: tuple[float, float] | None = None
+    fresh_since: float | None = None  # after a jump, probes count as sent no earlier than this
+    refused_said: bool = False  # the identity refusal is said once until the server serves
     # Asked for through the endpoint; the server's own job carries them out at its next tick.
     requests: deque[str] = field(default_factory=deque)
+
+    @property
+    def inspector(self) -> Inspector:
+        return self.checker.inspector
 
 
 class Healer:
@@ -69,6 +85,7 @@ class Healer:
         system: System | None = None,
         table: ProcessTable | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         stopping: Callable[[], bool] = lambda: False,
         on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
     ) -> None:
@@ -77,6 +94,7 @@ class Healer:
         self.system = system or System()
         self.table = table or ProcessTable()
         self.clock = clock
+        self.monotonic = monotonic
         self.stopping = stopping
         self.on_event = on_event
 
@@ -116,17 +134,15 @@ class Healer:
             pid = self.table.listener(server.port)
         problem = identity_problem(server, pid, self.table)
         if problem is not None:
-            if manual or "refused" not in w.said:
-                w.said.add("refused")
+            if manual or not w.refused_said:
+                w.refused_said = True
                 self.emit(w, "refused", f"not restarting: {problem}", pid=pid)
             return False
 
         drained_here = server.restart.drain and not w.draining  # a person's drain stays
         if drained_here:
             self._drain(w)
-        if w.probe is not None:
-            w.probe.abort()  # its server is about to be replaced
-            w.probe = None
+        w.checker.abort()  # its server is about to be replaced
         started = self.clock()
         rid = self.store.start_restart(server.name, started, trigger)
         w.restarting = True
@@ -142,7 +158,7 @@ class Healer:
                 outcome = w.manager.restart()
             except (ManagerError, OSError) as exc:
                 outcome = Outcome(False, str(exc))
-            served_at = self._await_token(server, started) if outcome.ok else None
+            served_at = self._await_token(w) if outcome.ok else None
         finally:
             w.restarting = False
             if drained_here:
@@ -151,7 +167,7 @@ class Healer:
         result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
         self.store.finish_restart(rid, done, result)
         self.store.add_action(
-            w.incident,
+            w.incident.id if w.incident else None,
             {
                 "at": started,
                 "action": f"restart ({w.manager.kind})",
@@ -167,11 +183,13 @@ class Healer:
         if result == "interrupted":
             self.emit(w, "interrupted", "the watchdog stopped during the restart")
         else:
-            why = (
-                outcome.detail
-                if not outcome.ok
-                else (f"no token within startup_grace ({server.probe.startup_grace:g}s)")
-            )
+            exited = w.manager.exited()
+            if not outcome.ok:
+                why = outcome.detail
+            elif exited is not None:
+                why = f"the server {exited} before it served"
+            else:
+                why = f"no token within startup_grace ({server.probe.startup_grace:g}s)"
             self.emit(w, "restart_failed", why, steps=list(outcome.steps))
         return False
 
@@ -202,16 +220,17 @@ class Healer:
         return True
 
     def recovered(self, w: Watch, at: float, *, recover_s: float | None, how: str) -> None:
-        w.dead_streak = 0
-        w.down_since = None
+        w.streak = Streak()
+        w.refused_said = False
         w.last_token_at = at
         if w.needs_person is not None:
             self.store.release(w.server.name)
             w.needs_person = None
         if w.incident is None:
             return
-        outage = at - (w.incident_began or at)
-        self.store.close_incident(w.incident, at, how, recover_s)
+        outage = at - w.incident.began_at
+        if w.incident.id is not None:
+            self.store.close_incident(w.incident.id, at, how, recover_s)
         timing = f"outage {outage:.1f} s" + (
             f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
         )
@@ -223,26 +242,27 @@ class Healer:
             recover_s=None if recover_s is None else round(recover_s, 3),
         )
         w.incident = None
-        w.incident_began = None
-        w.said.clear()
-        w.advised_waits = []
 
-    def _await_token(self, server: ServerConfig, started: float) -> float | None:
-        """Probe until a token comes (also warming the prompt cache) or startup_grace ends."""
-        deadline = started + server.probe.startup_grace
+    def _await_token(self, w: Watch) -> float | None:
+        """Probe until a token comes (also warming the prompt cache) or startup_grace ends;
+        the wall time of the token. A server the manager saw exit again has not started: a
+        process counts as started only once it serves."""
+        server = w.server
+        deadline = self.monotonic() + server.probe.startup_grace
         while not self.stopping():
-            left = deadline - self.clock()
-            if left <= 0:
+            left = deadline - self.monotonic()
+            if left <= 0 or w.manager.exited() is not None:
                 return None
             probing = replace(server, probe=replace(server.probe, hard_timeout=left))
-            probe = Probe(probing, clock=self.clock).start()
+            probe = Probe(probing, clock=self.monotonic).start()
             while not probe.wait(0.2):
                 if self.stopping():
                     probe.abort()
                     return None
             snap = probe.snapshot()
             if snap.finding == OK:
-                return snap.first_token_at or self.clock()
+                token = snap.first_token_at or self.monotonic()
+                return self.clock() - (self.monotonic() - token)
             if snap.finding in DOWN_FINDINGS or snap.finding == "reset":
                 self.system.sleep(RETRY_PAUSE)  # not listening yet
             else:
@@ -262,8 +282,8 @@ class Healer:
         """Drain, then wait (bounded) for live clients to finish before a restart."""
         self.drain(w)
         settings = w.server.restart
-        deadline = self.clock() + settings.drain_timeout
-        while self.clock() < deadline and not self.stopping():
+        deadline = self.monotonic() + settings.drain_timeout
+        while self.monotonic() < deadline and not self.stopping():
             live = w.inspector.sample(w.manager.pid()).live
             if not live:
                 return

@@ -21,6 +21,7 @@ from typing import Any
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import MARGIN, round_up
+from mlx_watchdog.judge.check import LeftProbes, check_once, with_wedge_after
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
 WORDS_PROBE = 300
@@ -235,15 +236,15 @@ def context_length(cmdline: Sequence[str]) -> int | None:
     return None
 
 
-def refusal(server: ServerConfig) -> tuple[str | None, Sequence[str]]:
+def refusal(
+    server: ServerConfig, left: LeftProbes | None = None
+) -> tuple[str | None, Sequence[str]]:
     """Why calibrating now would hurt (None: the server is idle and serving), and its cmdline.
 
     Calibration sends long prompts; on a busy serial server every client behind it would wait.
     """
-    from mlx_watchdog.judge.check import check_once, with_wedge_after
-
     quick = replace(server, probe=with_wedge_after(server.probe, min(server.probe.slow_after, 10)))
-    result = check_once(quick)
+    result = check_once(quick, left=left)
     verdict, process = result.verdict, result.observation.process
     if verdict.state not in ("healthy", "slow"):
         return f"the server is {verdict.reason}", process.cmdline

@@ -17,6 +17,7 @@ from mlx_watchdog.advice.calibrate import Advice, refusal
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.judge.advice import tokens_label
+from mlx_watchdog.judge.check import LeftProbes, left_probes
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.sense.evidence import is_local_host
 from mlx_watchdog.sense.probe import OK, Probe
@@ -61,7 +62,7 @@ def run_doctor(
     try:
         advice: dict[str, Advice] = {}
         for server in config.servers:
-            yield from _server(server, store, now(), advice)
+            yield from _server(server, store, now(), advice, left_probes(config.watchdog.state_dir))
         if litellm is not None:
             yield from litellm_findings(litellm, config, advice)
     finally:
@@ -106,12 +107,12 @@ def _endpoint(config: Config) -> Finding:
 
 
 def _server(
-    server: ServerConfig, store: Store, now: float, advice: dict[str, Advice]
+    server: ServerConfig, store: Store, now: float, advice: dict[str, Advice], left: LeftProbes
 ) -> Iterator[Finding]:
     name = f"{server.name}"
     if server.api_key_file is not None:
         yield _key_file(name, server.api_key_file)
-    why, cmdline = refusal(server)
+    why, cmdline = refusal(server, left)
     if why is not None and any(f"is {state}:" in why for state in ("wedged", "dead", "down")):
         yield Finding("problem", name, f"no generation: {why}", "start or fix the server")
     elif why is not None:

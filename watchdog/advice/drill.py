@@ -19,8 +19,8 @@ import httpx
 
 from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.evidence import Inspector
-from mlx_watchdog.sense.probe import OK, Probe, auth_headers, check_models
+from mlx_watchdog.judge.check import Checker, LeftProbes
+from mlx_watchdog.sense.probe import OK, Probe, auth_headers
 
 
 def plan(server: ServerConfig, prompt_tokens: int, give_up_after: float) -> str:
@@ -90,6 +90,7 @@ def run_drill(
     max_wait: float,
     restart: Callable[[str], bool] = lambda _: False,
     say: Callable[[str], None] = lambda _: None,
+    left: LeftProbes | None = None,
     clock: Callable[[], float] = time.time,
 ) -> DrillResult:
     baseline = Probe(server, clock=clock).run()  # the watchdog's own tiny probe, idle
@@ -100,19 +101,18 @@ def run_drill(
     say(f"sending a {prompt_tokens}-token prompt and giving up after {give_up_after:g} s")
     _abandon(server, text, give_up_after)
     gave_up = clock()
-    inspector = Inspector(server, clock=clock)
-    inspector.sample()
     settings = replace(server.probe, hard_timeout=max_wait, max_busy=max(max_wait, 1.0))
-    tiny = Probe(replace(server, probe=settings), clock=clock).start()
+    checker = Checker(replace(server, probe=settings), left=left, clock=clock)
+    checker.inspector.sample()
+    tiny = checker.start()
+    models_status = checker.models.status if checker.models else None
     say("a tiny request waits for its first token ...")
-    abandoned, cpu_max, models_status = 0, None, None
+    abandoned, cpu_max = 0, None
     while not tiny.wait(0.5):
-        ev = inspector.sample(exclude=[tiny.local_address] if tiny.local_address else [])
+        ev = checker.observe(None).process
         abandoned = max(abandoned, ev.abandoned or 0)
         if ev.cpu_percent is not None:
             cpu_max = max(cpu_max or 0.0, ev.cpu_percent)
-        if models_status is None:
-            models_status = check_models(server).status
         if clock() - gave_up > max_wait:
             break
     snap = tiny.snapshot()

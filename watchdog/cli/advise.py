@@ -19,6 +19,7 @@ from mlx_watchdog.cli.app import (
     pick_servers,
 )
 from mlx_watchdog.config import ConfigError, parse_duration
+from mlx_watchdog.judge.check import left_probes
 
 
 @click.command()
@@ -87,7 +88,7 @@ def calibrate(
     if len(sizes_n) < 2:
         raise click.UsageError("--sizes needs at least two sizes, like 1k,4k,16k")
     server = servers[0]
-    why, cmdline = refusal(server)
+    why, cmdline = refusal(server, left_probes(cfg.watchdog.state_dir))
     if why is not None and not force:
         err.print(
             f"[yellow]not calibrating {server.name}:[/yellow] {escape(why)}; calibration sends "
@@ -209,7 +210,8 @@ def drill(
         err.print(escape(plan(server, tokens, give_up)), soft_wrap=True)
         err.print("Run it again with --yes to go ahead.")
         sys.exit(1)
-    why, _ = refusal(server)
+    left = left_probes(cfg.watchdog.state_dir)
+    why, _ = refusal(server, left)
     if why is not None:
         raise click.ClickException(f"not drilling {server.name}: {why}; try when it is idle")
     say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
@@ -220,6 +222,7 @@ def drill(
         max_wait=limit,
         restart=restart_through_daemon(cfg.watchdog.state_dir),
         say=say,
+        left=left,
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

@@ -59,7 +59,7 @@ def probe(
         raise click.UsageError("give --url or --server, not both")
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlx_watchdog.judge.check import LeftProbes, check_once, with_wedge_after
+    from mlx_watchdog.judge.check import check_once, left_probes, with_wedge_after
 
     config = load_or_exit(config_path)
     try:
@@ -78,7 +78,7 @@ def probe(
                 style="dim",
             )
     with ThreadPoolExecutor(max_workers=len(servers)) as pool:
-        left = LeftProbes(config.watchdog.state_dir / "left-probes.json")
+        left = left_probes(config.watchdog.state_dir)
         results = list(pool.map(lambda s: check_once(s, left=left), servers))
     if as_json:
         docs = [_result_json(r) for r in results]

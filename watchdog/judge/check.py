@@ -1,4 +1,7 @@
-"""One check of one server: a probe, the /v1/models check, and the process watched meanwhile."""
+"""One check round of one server: a probe, the /v1/models check, and the process watched
+meanwhile, judged together. `probe`, the daemon, `drill` and `calibrate`'s refusal all check
+through `Checker`, so what one honours (the watchdog's own leftover probes) all do.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from pathlib import Path
 
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge
-from mlx_watchdog.sense.evidence import Address, Inspector
-from mlx_watchdog.sense.probe import Probe, check_models
+from mlx_watchdog.sense.evidence import Address, Inspector, ProcessTable
+from mlx_watchdog.sense.probe import ModelsCheck, Probe, check_models
 
 POLL = 0.25
+LEFT_PROBES_FILE = "left-probes.json"
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,9 @@ class LeftProbes:
     """Client addresses of probes a short-lived `mlx-watchdog probe` left waiting at exit.
 
     When such a process exits, its probe's socket turns CLOSE_WAIT on the server: abandoned,
-    but a one-token request, not a client's prompt. Remembering the addresses keeps the next
-    check from counting the watchdog's own leftovers as abandoned work.
+    but a one-token request, not a client's prompt. Remembering the addresses keeps every
+    later check, the daemon's included, from counting the watchdog's own leftovers as
+    abandoned work. Entries expire on the wall clock: they outlive the process that wrote them.
     """
 
     def __init__(self, path: Path | None, clock: Callable[[], float] = time.time) -> None:
@@ -78,6 +83,69 @@ class LeftProbes:
             return []
 
 
+def left_probes(state_dir: Path) -> LeftProbes:
+    """The leftover-probe record every check of this watchdog's servers reads."""
+    return LeftProbes(state_dir / LEFT_PROBES_FILE)
+
+
+class Checker:
+    """Checks one server, round after round; one probe in flight at most.
+
+    `clock` measures spans (monotonic in the daemon); the left-probe file keeps wall time.
+    """
+
+    def __init__(
+        self,
+        server: ServerConfig,
+        *,
+        left: LeftProbes | None = None,
+        table: ProcessTable | None = None,
+        inspector: Inspector | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.server = server
+        self.left = left or LeftProbes(None)
+        self.clock = clock
+        self.inspector = inspector or Inspector(server, table=table, clock=clock)
+        self.probe: Probe | None = None
+        self.models: ModelsCheck | None = None
+
+    def start(self) -> Probe:
+        """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
+        if self.probe is None:
+            self.probe = Probe(self.server, clock=self.clock).start()
+            self.models = check_models(self.server, clock=self.clock)
+        return self.probe
+
+    def observe(self, pid: int | None, *, fresh_since: float | None = None) -> Observation:
+        """What the probe, /v1/models and the process show now. A finished probe ends the round.
+
+        `fresh_since`: judge the probe as if sent then (after a sleep or a clock jump).
+        """
+        probe = self.start()
+        snap = probe.snapshot()
+        own = [probe.local_address] if probe.local_address else []
+        process = self.inspector.sample(pid, exclude=self.left.load() + own)
+        if snap.done:
+            self.probe = None
+        if fresh_since is not None and snap.started_at < fresh_since:
+            snap = replace(snap, started_at=fresh_since)
+        return Observation(snap, process, self.models)
+
+    def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:
+        return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.clock())
+
+    def abort(self) -> None:
+        if self.probe is not None:
+            self.probe.abort()
+            self.probe = None
+
+    def leave(self) -> None:
+        """The caller exits with the probe still waiting: remember it, do not close it."""
+        if self.probe is not None and self.probe.local_address:
+            self.left.add(self.probe.local_address, keep_for=self.server.probe.hard_timeout)
+
+
 def check_once(
     server: ServerConfig,
     *,
@@ -93,23 +161,16 @@ def check_once(
     would add one more abandoned request to a server that has too many. `left` records it for
     a caller that exits before the probe ends.
     """
-    settings = server.probe
-    inspector = inspector or Inspector(server, clock=clock)
-    inspector.sample(pid)  # the first CPU reading only starts psutil's interval
-    probe = Probe(server, clock=clock).start()
-    models = check_models(server, clock=clock)
+    checker = Checker(server, left=left, inspector=inspector, clock=clock)
+    checker.inspector.sample(pid)  # the first CPU reading only starts psutil's interval
+    probe = checker.start()
     while True:
         snap = probe.snapshot()
-        if snap.done or snap.waited(clock()) >= settings.wedge_after:
+        if snap.done or snap.waited(clock()) >= server.probe.wedge_after:
             break
         sleep(POLL)
-    left = left or LeftProbes(None)
-    exclude = left.load() + ([probe.local_address] if probe.local_address else [])
-    process = inspector.sample(pid, exclude=exclude)
-    observation = Observation(probe=probe.snapshot(), process=process, models=models)
-    now = clock()
-    verdict = judge(observation, settings, now)
+    observation = checker.observe(pid)
+    verdict = judge(observation, server.probe, clock())
     assert verdict is not None, "a finished probe or one past wedge_after is always judged"
-    if not probe.snapshot().done and probe.local_address:
-        left.add(probe.local_address, keep_for=settings.hard_timeout)
+    checker.leave()
     return CheckResult(server, verdict, observation)

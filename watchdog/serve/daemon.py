@@ -24,15 +24,17 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from mlx_watchdog import __version__
-from mlx_watchdog.act.heal import Healer, Watch
+from mlx_watchdog.act.heal import Healer, OpenIncident, Watch
 from mlx_watchdog.act.managers import System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
+from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.advice import incident_advice
-from mlx_watchdog.judge.verdict import Observation, Verdict, judge
+from mlx_watchdog.judge.check import Checker, left_probes
+from mlx_watchdog.judge.triggers import Streak, Trigger
+from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.store import HISTORY_FILE, Store
-from mlx_watchdog.sense.evidence import Inspector, ProcessTable
-from mlx_watchdog.sense.probe import Probe, check_models
+from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.serve.endpoint import DAEMON_FILE, TOKEN_FILE, ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
 from mlx_watchdog.serve.logs import own_log, rotate
@@ -44,6 +46,7 @@ log = logging.getLogger("mlx_watchdog")
 STOP_TIMEOUT = 20.0  # for a restart in progress to finish by itself
 INTERRUPT_TIMEOUT = 5.0
 LOG_CHECK = 60.0  # seconds between log size checks
+JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
 BAD = ("wedged", "dead", "down")
 
 
@@ -57,12 +60,15 @@ class Daemon:
         table: ProcessTable | None = None,
         notify: Notify = apprise_notify,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.config_path = config_path
         self.system = system or System()
         self.table = table or ProcessTable()
-        self.clock = clock
+        self.clock = clock  # wall time, for what is recorded and shown
+        self.monotonic = monotonic  # spans: probe waits, down and busy times
+        self.left = left_probes(config.watchdog.state_dir)
         self.state_dir = config.watchdog.state_dir
         self.store = Store(self.state_dir / HISTORY_FILE, clock=clock)
         self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
@@ -78,6 +84,7 @@ class Daemon:
             system=self.system,
             table=self.table,
             clock=clock,
+            monotonic=monotonic,
             stopping=self._stop.is_set,
             on_event=self.metrics.event,
         )
@@ -95,12 +102,12 @@ class Daemon:
         w = Watch(
             server=server,
             manager=make_manager(server, self.system, self.state_dir),
-            inspector=Inspector(server, table=self.table, clock=self.clock),
+            checker=Checker(server, left=self.left, table=self.table, clock=self.monotonic),
         )
         now = self.clock()
         incident = self.store.open_incident_for(server.name)
         if incident is not None:
-            w.incident, w.incident_began = incident.id, incident.began_at
+            w.incident = OpenIncident(incident.began_at, incident.id)
         w.needs_person = self.store.held(server.name)
         for r in self.store.interrupt_unfinished(server.name, now):
             self.healer.emit(
@@ -117,24 +124,41 @@ class Daemon:
         server = w.server
         while w.requests:
             self._carry_out(w, w.requests.popleft())
-        if w.probe is None:
-            w.probe = Probe(server, clock=self.clock).start()
-            w.models = check_models(server, clock=self.clock)
+        self._notice_jump(w)
+        if w.checker.probe is None:
             # Most probes end in milliseconds; judge those in this tick.
-            w.probe.wait(min(server.probe.slow_after, self.config.watchdog.interval / 2))
-        probe = w.probe
-        snap = probe.snapshot()
-        exclude = [probe.local_address] if probe.local_address else []
-        process = w.inspector.sample(w.manager.pid(), exclude=exclude)
-        if snap.done:
-            w.probe = None  # the next tick sends a new one; never two in flight
-        verdict = judge(Observation(snap, process, w.models), server.probe, self.clock())
-        if verdict is None:
-            return w.verdict
-        self.store.record_probe(name, self.clock(), verdict.state, verdict.reason, verdict.evidence)
-        self.metrics.observe(name, verdict)
-        self._transition(w, verdict)
+            w.checker.start().wait(min(server.probe.slow_after, self.config.watchdog.interval / 2))
+        verdict = w.checker.judge(w.manager.pid(), fresh_since=w.fresh_since)
+        if verdict is not None:
+            self.store.record_probe(name, self.clock(), verdict.state, verdict.reason, verdict.evidence)
+            self.metrics.observe(name, verdict)
+            self._transition(w, verdict)
+        w.last_tick = (self.clock(), self.monotonic())
         return w.verdict
+
+    def _notice_jump(self, w: Watch) -> None:
+        """A Mac that slept, a clock step or a suspended watchdog: judge afresh after it.
+
+        Between two ticks the wall clock and the span clock advance alike, by about one
+        interval. When they part, or the span is far longer than the interval, what was measured
+        across the gap says nothing about the server: streaks end and probes count from now.
+        """
+        if w.last_tick is None:
+            return
+        wall, mono = self.clock(), self.monotonic()
+        d_wall, d_mono = wall - w.last_tick[0], mono - w.last_tick[1]
+        late = d_mono - 3 * self.config.watchdog.interval
+        if abs(d_wall - d_mono) <= JUMP and late <= JUMP:
+            return
+        w.fresh_since = mono
+        w.streak = Streak()
+        log.warning(
+            "%s: the clock moved %+.0f s against the %.0f s the watchdog measured "
+            "(a sleep, a clock change or a suspended process); judging afresh",
+            w.server.name,
+            d_wall,
+            d_mono,
+        )
 
     def _transition(self, w: Watch, v: Verdict) -> None:
         before = w.verdict.state if w.verdict else None
@@ -147,38 +171,29 @@ class Daemon:
         if v.state in ("healthy", "slow"):
             self.healer.recovered(w, now, recover_s=None, how="recovered by itself")
             return
+        exited = w.manager.exited() if v.state == "down" else None
+        w.streak, trigger = triggers.decide(
+            w.streak, v.state, self.monotonic(), w.server.probe, exited=exited is not None
+        )
         if v.state not in BAD:
             return
         advice = self._advice(w, v)
         if w.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
             began = now - float(v.evidence.get("waited_s") or 0.0)
-            w.incident = self.store.open_incident(
+            w.incident = OpenIncident(began)
+            w.incident.id = self.store.open_incident(
                 w.server.name, now, v.state, v.reason, v.evidence, began_at=began
             )
-            w.incident_began = began
             if advice:
-                self.store.set_advice(w.incident, advice)
+                self.store.set_advice(w.incident.id, advice)
             message = f"{v.reason}. {advice}" if advice else v.reason
             self.healer.emit(w, "detected", message, advice=advice, **_brief(v))
         elif advice:
-            self.store.set_advice(w.incident, advice)  # more clients may have given up since
-        trigger = None
-        if v.state == "wedged":
-            trigger = "wedged"
-        elif v.state == "dead":
-            w.dead_streak += 1
-            trigger = "dead" if w.dead_streak >= 2 else None
-        else:
-            w.dead_streak = 0
-        if v.state == "down":
-            w.down_since = w.down_since or now
-            if now - w.down_since >= w.server.probe.startup_grace:
-                trigger = "down"
-        else:
-            w.down_since = None
+            self.store.set_advice(w.incident.id, advice)  # more clients may have given up since
         if trigger is not None:
-            self.healer.heal(w, trigger, v.reason)
+            reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
+            self.healer.heal(w, trigger.value, reason)
 
     def _carry_out(self, w: Watch, action: str) -> None:
         log.info("%s %s asked for through the endpoint", w.server.name, action)
@@ -235,9 +250,11 @@ class Daemon:
 
     def _advice(self, w: Watch, v: Verdict) -> str | None:
         waits = v.evidence.get("gave_up_after_s") or []
-        if not waits or waits == w.advised_waits:
+        told = w.incident.advised_waits if w.incident else []
+        if not waits or waits == told:
             return None
-        w.advised_waits = list(waits)
+        if w.incident is not None:
+            w.incident.advised_waits = list(waits)
         return incident_advice(waits, self.store.last_calibration(w.server.name))
 
     # -- running ----------------------------------------------------------------------------
@@ -364,8 +381,7 @@ class Daemon:
             self._settle(INTERRUPT_TIMEOUT)
             self.system.resume()  # the managed servers still get their stop grace
         for w in self.watches.values():
-            if w.probe is not None:
-                w.probe.abort()
+            w.checker.abort()
             w.manager.stop()
         if self.endpoint is not None:
             self.endpoint.shutdown()

@@ -128,6 +128,10 @@ class Manager(Protocol):
     def restart(self) -> Outcome:
         """Replace the server process; the caller then waits for it to serve."""
 
+    def exited(self) -> str | None:
+        """How the server exited ("exited with code 1", "was killed by SIGKILL") when the
+        manager owns its process and saw it end by itself; None otherwise."""
+
     def start(self) -> None:
         """The daemon starts: a manager that owns the process starts (or adopts) it."""
 
@@ -181,6 +185,9 @@ class NoManager:
 
     def restart(self) -> Outcome:
         return Outcome(False, 'manager = "none": the watchdog observes and alerts only')
+
+    def exited(self) -> str | None:
+        return None
 
     def start(self) -> None:
         pass

@@ -16,6 +16,9 @@ class CommandManager:
     def pid(self) -> int | None:
         return None  # the port's listener is the server
 
+    def exited(self) -> str | None:
+        return None  # the service manager restarts its own job (KeepAlive, Restart=)
+
     def start(self) -> None:
         pass
 

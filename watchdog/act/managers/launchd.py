@@ -39,6 +39,9 @@ class LaunchdManager:
         match = _PID.search(out)
         return int(match.group(1)) if match else None
 
+    def exited(self) -> str | None:
+        return None  # the service manager restarts its own job (KeepAlive, Restart=)
+
     def start(self) -> None:
         pass  # launchd owns the job's life
 

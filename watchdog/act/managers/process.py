@@ -35,6 +35,15 @@ class ProcessManager:
             return self._adopted
         return None
 
+    def exited(self) -> str | None:
+        if self._child is not None and (code := self._child.poll()) is not None:
+            if code < 0:
+                return f"was killed by {signal.Signals(-code).name}"
+            return f"exited with code {code}"
+        if self._adopted is not None and not self.system.alive(self._adopted):
+            return "exited"
+        return None
+
     def start(self) -> None:
         if self.pid() is not None:
             return

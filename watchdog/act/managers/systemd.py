@@ -25,6 +25,9 @@ class SystemdManager:
             return None
         return int(out.strip()) or None
 
+    def exited(self) -> str | None:
+        return None  # the service manager restarts its own job (KeepAlive, Restart=)
+
     def start(self) -> None:
         pass
 
