@@ -148,12 +148,12 @@ BAD = [
     ),
     (
         "order of thresholds",
-        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nslow_after = "2m"',
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nslow_after = "2m"\nwedge_after = "1m"',
         'server "q": probe.slow_after = "2m" must be at most probe.wedge_after = "1m"',
     ),
     (
         "hard timeout too short",
-        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nhard_timeout = "15m"',
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nmax_busy = "15m"\nhard_timeout = "15m"',
         'probe.max_busy = "15m" must be shorter than probe.hard_timeout = "15m"',
     ),
     (
@@ -243,3 +243,31 @@ def test_effective_masks_secrets(tmp_path: Path) -> None:
     for secret in ("TokenA", "my-topic", "hunter2", "hf_abc"):
         assert secret not in text
     assert "slack://***" in text and "/data/hf" in text and "user:***@" in text
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        # The thresholds left out are derived from those written: only written ones conflict.
+        ({"wedge_after": "6s"}, (3.0, 6.0, 900.0, 1800.0)),
+        ({"slow_after": "2m"}, (120.0, 120.0, 900.0, 1800.0)),
+        ({"max_busy": "1h"}, (10.0, 60.0, 3600.0, 7200.0)),
+        ({"hard_timeout": "10m"}, (10.0, 60.0, 300.0, 600.0)),
+        ({"slow_after": "20m", "hard_timeout": "30m"}, (1200.0, 1200.0, 1200.0, 1800.0)),
+        ({"slow_after": "2m", "max_busy": "3m"}, (120.0, 120.0, 180.0, 1800.0)),
+        ({}, (10.0, 60.0, 900.0, 1800.0)),
+    ],
+)
+def test_unwritten_thresholds_follow_the_written_ones(
+    written: dict[str, str], expected: tuple[float, float, float, float]
+) -> None:
+    config = parse_config({"server": [{"url": "http://127.0.0.1:8080", "probe": written}]})
+    p = config.servers[0].probe
+    assert (p.slow_after, p.wedge_after, p.max_busy, p.hard_timeout) == expected
+
+
+def test_written_thresholds_that_conflict_are_named_even_when_not_adjacent() -> None:
+    probe = {"slow_after": "2m", "max_busy": "1m"}
+    with pytest.raises(ConfigError) as info:
+        parse_config({"server": [{"name": "q", "url": "http://127.0.0.1:8080", "probe": probe}]})
+    assert str(info.value) == 'server "q": probe.slow_after = "2m" must be at most probe.max_busy = "1m"'

@@ -118,6 +118,8 @@ def _status_view(doc: dict[str, Any]) -> Group:
         else f"[yellow]{escape(w.get('why', 'the watchdog is not running'))}[/yellow]; "
         "showing the last recorded probes"
     )
+    if w.get("history_problem"):
+        notes.append(f"[bold red]history:[/] {escape(w['history_problem'])}")
     return Group(head, table, *notes)
 
 

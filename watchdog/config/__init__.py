@@ -343,31 +343,41 @@ def _server(
     return server
 
 
+_SPANS = ("slow_after", "wedge_after", "max_busy", "hard_timeout")  # each at most the next
+
+
 def _probe(raw: Mapping[str, Any], label: str, errors: list[str]) -> ProbeSettings:
     _unknown(raw, _PROBE_KEYS, f"{label}: [server.probe]", errors)
     d = ProbeSettings()
     c = _Collector(f"{label}: probe.", errors)
+    written = {key: c.get(raw, key, parse_duration, None) for key in _SPANS if key in raw}
+    slow, wedge, busy, hard = (written.get(key) for key in _SPANS)
+    # What the user left out is derived from what they wrote, so only written values conflict.
+    if wedge is None:
+        ceiling = busy if busy is not None else (hard / 2 if hard is not None else d.wedge_after)
+        wedge = max(slow or 0.0, min(d.wedge_after, ceiling))
+    if slow is None:
+        slow = min(d.slow_after, wedge / 2)
+    if busy is None:
+        busy = max(wedge, min(d.max_busy, hard / 2) if hard is not None else d.max_busy)
+    if hard is None:
+        hard = max(d.hard_timeout, 2 * busy)
     p = ProbeSettings(
         prompt=c.get(raw, "prompt", _parse_str, d.prompt),
         max_tokens=c.get(raw, "max_tokens", _int_range(1, 64), d.max_tokens),
-        slow_after=c.get(raw, "slow_after", parse_duration, d.slow_after),
-        wedge_after=c.get(raw, "wedge_after", parse_duration, d.wedge_after),
-        max_busy=c.get(raw, "max_busy", parse_duration, d.max_busy),
+        slow_after=slow,
+        wedge_after=wedge,
+        max_busy=busy,
         startup_grace=c.get(raw, "startup_grace", parse_duration, d.startup_grace),
-        hard_timeout=c.get(raw, "hard_timeout", parse_duration, d.hard_timeout),
+        hard_timeout=hard,
         models_timeout=c.get(raw, "models_timeout", parse_duration, d.models_timeout),
         idle_cpu_percent=c.get(
             raw, "idle_cpu_percent", _float_range(0.0, 100.0), d.idle_cpu_percent
         ),
     )
     if c.ok:
-        order = [
-            ("slow_after", p.slow_after),
-            ("wedge_after", p.wedge_after),
-            ("max_busy", p.max_busy),
-            ("hard_timeout", p.hard_timeout),
-        ]
-        for (a, va), (b, vb) in itertools.pairwise(order):
+        values = [(key, getattr(p, key)) for key in _SPANS if key in written]
+        for (a, va), (b, vb) in itertools.combinations(values, 2):
             if va > vb or (b == "hard_timeout" and va == vb):
                 errors.append(
                     f'{label}: probe.{a} = "{format_duration(va)}" must be '
@@ -715,7 +725,8 @@ url = "http://127.0.0.1:8080"
 [server.probe]
 # prompt = "ping"               # fixed, so the prompt cache makes the probe nearly free
 # max_tokens = 1
-# slow_after = "10s"            # a token later than this is "slow"
+# slow_after = "10s"            # a token later than this is "slow" (left out: at most
+#                               # half of wedge_after; thresholds left out follow those written)
 # wedge_after = "60s"           # zero tokens this long, with nobody served: "wedged"
 # max_busy = "15m"              # busy with live clients longer than this: "wedged"
 # startup_grace = "2m"          # a (re)started server may take this long to serve

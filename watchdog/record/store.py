@@ -62,6 +62,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 
 HISTORY_FILE = "history.db"
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
+PRUNE_EVERY = 500  # probes of one server between two prunings of its rows
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class Store:
         self.clock = clock
         self.problem: str | None = None  # the last trouble, for status output
         self._lock = threading.RLock()
-        self._writes = 0
+        self._writes: dict[str, int] = {}  # probes written per server since the last pruning
         self._closed = False
         self._db = self._open()
 
@@ -235,8 +236,9 @@ class Store:
                         json.dumps(evidence),
                     ),
                 )
-                self._writes += 1
-                if self._writes % 500 == 0:
+                written = self._writes.get(server, 0) + 1
+                self._writes[server] = written % PRUNE_EVERY
+                if written >= PRUNE_EVERY:
                     db.execute(
                         "DELETE FROM probes WHERE server = ? AND id <= "
                         "(SELECT id FROM probes WHERE server = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",

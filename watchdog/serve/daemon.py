@@ -77,7 +77,7 @@ class Daemon:
         self._wake = threading.Event()
         self._active = 0
         self._active_cv = threading.Condition()
-        self.metrics = Metrics(lambda: self.status()["servers"])
+        self.metrics = Metrics(self.status)
         self.healer = Healer(
             self.store,
             self.alerter,
@@ -233,6 +233,8 @@ class Daemon:
                 "started_at": self.started_at,
                 "interval_s": self.config.watchdog.interval,
                 "running": True,
+                # Set when the history fell back to memory (or skipped a locked write).
+                "history_problem": self.store.problem,
             },
             "servers": servers,
         }

@@ -99,7 +99,8 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
         do_DELETE = do_PATCH = do_PUT
 
         def _health(self, name: str | None) -> None:
-            servers = backend.status()["servers"]
+            doc = backend.status()
+            servers = doc["servers"]
             if name is not None:
                 servers = [s for s in servers if s["name"] == name]
                 if not servers:
@@ -108,7 +109,10 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
             ok = bool(servers) and all(s["serving"] for s in servers)
             if "application/json" in self.headers.get("Accept", ""):
                 brief = [{k: s[k] for k in ("name", "state", "serving", "reason")} for s in servers]
-                self._json(200 if ok else 503, {"ok": ok, "servers": brief})
+                problem = doc["watchdog"].get("history_problem")
+                self._json(
+                    200 if ok else 503, {"ok": ok, "servers": brief, "history_problem": problem}
+                )
                 return
             lines = [
                 f"{s['name']} {'ok' if s['serving'] else 'unavailable'}: {s['reason']}"

@@ -18,7 +18,7 @@ from mlx_watchdog.judge.verdict import STATES, Verdict
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
-Status = Callable[[], list[dict[str, Any]]]
+Status = Callable[[], dict[str, Any]]  # the daemon's status document
 
 
 class Metrics:
@@ -71,7 +71,8 @@ class _StatusCollector(Collector):
         self.status = status
 
     def collect(self) -> Iterator[Metric]:
-        docs = self.status()
+        status = self.status()
+        docs = status["servers"]
 
         def gauge(name: str, doc: str, key: str) -> GaugeMetricFamily:
             family = GaugeMetricFamily(name, doc, labels=["server"])
@@ -123,3 +124,8 @@ class _StatusCollector(Collector):
         for d in docs:
             held.add_metric([d["name"]], 1.0 if d.get("needs_person") else 0.0)
         yield held
+        yield GaugeMetricFamily(
+            "mlx_watchdog_history_in_memory",
+            "1 when the history database could not be used and history is kept in memory.",
+            value=1.0 if status["watchdog"].get("history_problem") else 0.0,
+        )
