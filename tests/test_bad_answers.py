@@ -131,12 +131,14 @@ def test_connected_clients_with_an_idle_process_is_wedged(
     waiting = _post(srv.port)
     try:
         time.sleep(0.2)
-        result = check_once(server_at(srv.url))
+        # Answering the probe and /v1/models costs the hanging server about 1% of a second on
+        # a loaded machine; a process serving a client shows tens of percent.
+        result = check_once(server_at(srv.url, idle_cpu_percent=5.0))
     finally:
         waiting.close()
     ev = result.verdict.evidence
     assert result.verdict.state == "wedged", result.verdict.reason
-    assert ev["live_connections"] == 1 and ev["cpu_percent"] < 1.0
+    assert ev["live_connections"] == 1 and ev["cpu_percent"] < 5.0
     assert "idle" in result.verdict.reason
 
 

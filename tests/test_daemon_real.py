@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -11,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_watchdog.config import parse_config
+from mlx_watchdog.config import effective, parse_config, to_toml
 from mlx_watchdog.demo.run import long_prompt, send, server_command
 from mlx_watchdog.serve.daemon import Daemon
-from tests.conftest import DaemonThread, Receiver, free_port, until
+from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
 
 pytestmark = pytest.mark.real_server
 
@@ -131,3 +133,64 @@ def test_a_patient_client_is_not_restarted(
     assert t.daemon.store.incidents(0.0) == []
     states = {row["state"] for row in t.daemon.store.probes("tiny", 0.0)}
     assert "busy" in states and not states & {"wedged", "dead", "down"}
+
+
+def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """A person runs `probe --wedge-after 2s` during a long request: it prints busy and leaves
+    its one-token request queued. The daemon must not count that leftover as abandoned work."""
+    config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(to_toml(effective(config)))
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    outcome: list[str] = []
+    client = threading.Thread(
+        target=lambda: outcome.append(send(config.servers[0].url, long_prompt(21), timeout=300))
+    )
+    client.start()
+    until(lambda: state(t) == "busy", 30, "the daemon to see the server busy")
+    probe = mlx_watchdog(
+        "probe", "--config", str(config_file), "--server", "tiny", "--wedge-after", "2s", "--json"
+    )
+    assert probe.returncode == 1 and json.loads(probe.stdout)["state"] == "busy", probe.stdout
+    left = json.loads((tmp_path / "state" / "left-probes.json").read_text())
+    assert len(left) == 1  # the leftover is on record for the daemon to honour
+    client.join(300)
+    assert outcome == ["served"]  # the patient client was never cut off
+    until(lambda: state(t) == "healthy", 30, "healthy again")
+    assert t.daemon.store.restarts("tiny", 0.0) == []
+    assert t.daemon.store.incidents(0.0) == []
+    states = [row["state"] for row in t.daemon.store.probes("tiny", 0.0)]
+    assert "busy" in states and not set(states) & {"wedged", "dead", "down"}
+
+
+def test_kill_9_of_the_owned_server_is_served_again_at_once(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    raw = process_config(tmp_path, tiny_model, hf_cache, [], [])
+    raw["server"][0]["probe"]["startup_grace"] = "10m"  # type: ignore[index]
+    config = parse_config(raw)
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    w = t.daemon.watches["tiny"]
+    first = w.manager.pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    # interval (1 s) + a cold start (about 2-4 s here) + 5 s; startup_grace is 10 minutes.
+    until(
+        lambda: w.manager.pid() not in (None, first) and state(t) == "healthy",
+        60,
+        "the server respawned and serving",
+    )
+    restarts = t.daemon.store.restarts("tiny", 0.0)
+    assert [(r.trigger, r.outcome) for r in restarts] == [("crashed", "recovered")]
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert incident.outcome == "restarted" and incident.state == "down"

@@ -102,11 +102,12 @@ class Checker:
         table: ProcessTable | None = None,
         inspector: Inspector | None = None,
         clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
         self.clock = clock
-        self.inspector = inspector or Inspector(server, table=table, clock=clock)
+        self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
 

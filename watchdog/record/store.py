@@ -63,6 +63,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 HISTORY_FILE = "history.db"
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
 PRUNE_EVERY = 500  # probes of one server between two prunings of its rows
+BUSY_TIMEOUT = 2.0  # seconds a write waits for another process's lock before it is skipped
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class Store:
             return self._fall_back(exc)
 
     def _connect(self, where: str) -> sqlite3.Connection:
-        db = sqlite3.connect(where, timeout=2.0, check_same_thread=False, isolation_level=None)
+        db = sqlite3.connect(where, timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None)
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")

@@ -35,7 +35,7 @@ class Client:
 class ProcessEvidence:
     pid: int | None
     local: bool = True  # False: the server is on another machine; nothing to inspect
-    create_time: float | None = None
+    create_time: float | None = None  # on the sampling clock's timeline
     cmdline: tuple[str, ...] = ()
     matches: bool | None = None  # does the command line match the configured pattern
     cpu_percent: float | None = None
@@ -129,10 +129,12 @@ class Inspector:
         *,
         table: ProcessTable | None = None,
         clock: Clock = time.time,
+        wall: Clock = time.time,
     ) -> None:
         self.server = server
         self.table = table or ProcessTable()
-        self.clock = clock
+        self.clock = clock  # spans: connection ages, the process's age
+        self.wall = wall  # what psutil's create_time is read against
         self.local = is_local_host(server.host)
         self._proc: psutil.Process | None = None
         self._proc_first = True
@@ -164,7 +166,8 @@ class Inspector:
             proc = self._process(pid)
             with proc.oneshot():
                 cmdline = tuple(proc.cmdline())
-                create_time = proc.create_time()
+                # psutil gives wall time; ages are spans on `clock`, which may be monotonic.
+                create_time = now - (self.wall() - proc.create_time())
                 rss = int(proc.memory_info().rss)
                 cpu = proc.cpu_percent(interval=None)
             conns = proc.net_connections("tcp")

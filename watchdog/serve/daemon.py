@@ -102,7 +102,9 @@ class Daemon:
         w = Watch(
             server=server,
             manager=make_manager(server, self.system, self.state_dir),
-            checker=Checker(server, left=self.left, table=self.table, clock=self.monotonic),
+            checker=Checker(
+                server, left=self.left, table=self.table, clock=self.monotonic, wall=self.clock
+            ),
         )
         now = self.clock()
         incident = self.store.open_incident_for(server.name)

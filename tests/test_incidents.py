@@ -1,0 +1,241 @@
+"""Triggers, clocks, crashes, a locked history and retention: every path to a restart is tried
+wrongly here (a sleep, a clock step, a lost database), and the right ones are timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mlx_watchdog.config import ProbeSettings, parse_config
+from mlx_watchdog.judge import triggers
+from mlx_watchdog.judge.triggers import Streak, Trigger
+from mlx_watchdog.record import store as store_module
+from mlx_watchdog.record.store import Store
+from mlx_watchdog.serve.daemon import Daemon
+from tests.conftest import TESTS, BadByPidfile, DaemonThread, free_port, until
+from tests.test_daemon import command_config
+
+SETTINGS = ProbeSettings(startup_grace=60.0)
+
+
+# -- triggers.decide: pure --------------------------------------------------------------------
+
+
+def test_wedged_triggers_at_once_and_ends_every_streak() -> None:
+    streak, trigger = triggers.decide(Streak(dead=1, down_since=5.0), "wedged", 10.0, SETTINGS)
+    assert (streak, trigger) == (Streak(), Trigger.WEDGED)
+
+
+def test_dead_triggers_on_the_second_verdict_in_a_row() -> None:
+    streak, first = triggers.decide(Streak(), "dead", 0.0, SETTINGS)
+    assert first is None and streak.dead == 1
+    _, second = triggers.decide(streak, "dead", 1.0, SETTINGS)
+    assert second is Trigger.DEAD
+    # A verdict in between ends the streak.
+    streak, _ = triggers.decide(Streak(dead=1), "busy", 1.0, SETTINGS)
+    assert triggers.decide(streak, "dead", 2.0, SETTINGS)[1] is None
+
+
+def test_down_waits_for_startup_grace_unless_the_owned_process_exited() -> None:
+    streak, trigger = triggers.decide(Streak(), "down", 100.0, SETTINGS)
+    assert trigger is None and streak.down_since == 100.0
+    assert triggers.decide(streak, "down", 159.0, SETTINGS)[1] is None
+    assert triggers.decide(streak, "down", 160.0, SETTINGS)[1] is Trigger.DOWN
+    assert triggers.decide(Streak(), "down", 100.0, SETTINGS, exited=True)[1] is Trigger.CRASHED
+
+
+@pytest.mark.parametrize("state", ["starting", "busy", "slow", "healthy"])
+def test_other_states_trigger_nothing(state: str) -> None:
+    streak, trigger = triggers.decide(Streak(dead=1, down_since=1.0), state, 500.0, SETTINGS)  # type: ignore[arg-type]
+    assert (streak, trigger) == (Streak(), None)
+
+
+# -- a sleep or a clock jump is judged afresh ------------------------------------------------
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall = 1_800_000_000.0
+        self.mono = 1000.0
+
+    def advance(self, wall: float, mono: float) -> None:
+        self.wall += wall
+        self.mono += mono
+
+
+@pytest.mark.parametrize(
+    ("wall", "mono", "wedged"),
+    [
+        (11.0, 11.0, True),  # the control: a real 11 s wait with nobody served is a wedge
+        (3 * 3600.0, 2.0, False),  # a Mac that slept 3 h: the wall clock jumps
+        (-3600.0, 11.0, False),  # the clock is stepped back an hour
+        (3 * 3600.0, 3 * 3600.0, False),  # a watchdog suspended 3 h: far longer than the interval
+    ],
+)
+def test_a_sleep_or_clock_jump_is_not_a_wedge(
+    tmp_path: Path,
+    hanging: BadByPidfile,
+    wall: float,
+    mono: float,
+    wedged: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    raw = command_config(tmp_path, hanging)
+    server = raw["server"][0]  # type: ignore[index]
+    server["manager"] = "none"
+    server["probe"] = {"slow_after": "1s", "wedge_after": "10s"}
+    raw["watchdog"]["interval"] = "5s"  # type: ignore[index]
+    clocks = Clocks()
+    daemon = Daemon(
+        parse_config(raw), clock=lambda: clocks.wall, monotonic=lambda: clocks.mono
+    )
+    try:
+        assert daemon.tick("bad") is None  # the probe is out, too early to tell
+        until(lambda: daemon.watches["bad"].checker.inspector.sample().live == 1, 5, "the probe")
+        clocks.advance(wall, mono)
+        verdict = daemon.tick("bad")
+        assert (verdict is not None and verdict.state == "wedged") is wedged
+        assert ("judging afresh" in caplog.text) is not wedged
+        if not wedged:
+            # Judged afresh: the wait counts from the jump, so a wedge still shows after it.
+            clocks.advance(11.0, 11.0)
+            verdict = daemon.tick("bad")
+            assert verdict is not None and verdict.state == "wedged"
+            assert verdict.evidence["waited_s"] == pytest.approx(11.0)
+    finally:
+        daemon.watches["bad"].checker.abort()
+        daemon.store.close()
+
+
+# -- an owned server that crashes is respawned at once ---------------------------------------
+
+
+def test_a_crashed_child_is_respawned_without_waiting_for_startup_grace(
+    tmp_path: Path,
+    hook: tuple[list[str], Path],
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    argv, hook_out = hook
+    port = free_port()
+    badserver = [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"]
+    config = parse_config(
+        {
+            "watchdog": {
+                "interval": "300ms",
+                "listen": "127.0.0.1:0",
+                "state_dir": str(tmp_path / "state"),
+                "on_event": argv,
+            },
+            "server": [
+                {
+                    "name": "owned",
+                    "url": f"http://127.0.0.1:{port}",
+                    "manager": "process",
+                    "match": "badserver",
+                    "command": badserver,
+                    "probe": {"slow_after": "1s", "wedge_after": "5s", "startup_grace": "10m"},
+                    "restart": {"max_restarts": 3, "backoff": "30s"},
+                }
+            ],
+        }
+    )
+    t = run_daemon(Daemon(config))
+    w = t.daemon.watches["owned"]
+    until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
+    first = w.manager.pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    # startup_grace is 10 minutes: only the crash path can bring it back within this bound.
+    until(
+        lambda: w.manager.pid() not in (None, first) and w.verdict and w.verdict.state == "healthy",
+        20,
+        "the server respawned and serving",
+    )
+    restarts = t.daemon.store.restarts("owned", 0.0)
+    assert [(r.trigger, r.outcome) for r in restarts] == [("crashed", "recovered")]
+    t.daemon.alerter.flush()
+    events = [json.loads(line) for line in hook_out.read_text().splitlines()]
+    restarting = [e for e in events if e["kind"] == "restarting"]
+    assert len(restarting) == 1 and "was killed by SIGKILL" in restarting[0]["message"]
+    assert [e["kind"] for e in events][-1] == "recovered"
+
+
+# -- a locked history: one detected, one recovered -------------------------------------------
+
+
+def test_a_locked_history_during_a_wedge_announces_it_once_and_closes_it(
+    tmp_path: Path,
+    hanging: BadByPidfile,
+    run_daemon: Callable[[object], DaemonThread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.05)
+    kinds: list[str] = []
+    daemon = Daemon(parse_config(command_config(tmp_path, hanging)))
+    daemon.healer.on_event = lambda server, kind, data: kinds.append(kind)
+    other = sqlite3.connect(str(tmp_path / "state" / "history.db"), isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another process holds the history for the whole wedge
+    try:
+        run_daemon(daemon)
+        until(lambda: "recovered" in kinds, 30, "the wedge healed")
+        time.sleep(1.0)  # a few more ticks: nothing is announced again
+        assert kinds.count("detected") == 1 and kinds.count("recovered") == 1, kinds
+        assert daemon.store.problem is not None and "locked" in daemon.store.problem
+        assert daemon.status()["watchdog"]["history_problem"] == daemon.store.problem
+        assert b"mlx_watchdog_history_in_memory 1.0" in daemon.prometheus()[0]
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+        hanging.kill()
+
+
+# -- retention is per server -----------------------------------------------------------------
+
+
+def test_each_server_keeps_its_own_bounded_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "PROBES_KEPT", 100)
+    monkeypatch.setattr(store_module, "PRUNE_EVERY", 50)
+    store = Store(tmp_path / "history.db")
+    for i in range(600):
+        for server in ("a", "b"):
+            store.record_probe(server, float(i), "healthy", "ok", {"ttft_s": 0.01})
+    counts = {s: len(store.probes(s, 0.0)) for s in ("a", "b")}
+    store.close()
+    assert all(100 <= n <= 150 for n in counts.values()), counts
+
+
+def test_the_owned_child_that_exits_is_named_by_how_it_ended(tmp_path: Path) -> None:
+    from mlx_watchdog.act.managers import System
+    from mlx_watchdog.act.managers.process import ProcessManager
+
+    config = parse_config(
+        {
+            "server": [
+                {
+                    "url": f"http://127.0.0.1:{free_port()}",
+                    "manager": "process",
+                    "command": [sys.executable, "-c", "import time; time.sleep(60)"],
+                }
+            ]
+        }
+    )
+    manager = ProcessManager(config.servers[0], System(), tmp_path / "record.json")
+    manager.start()
+    pid = manager.pid()
+    assert pid is not None and manager.exited() is None
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: manager.exited() is not None, 10, "the exit to be seen")
+    assert manager.exited() == "was killed by SIGKILL" and manager.pid() is None
+    manager.stop()  # reaps it; an exit the watchdog caused itself is not a crash
+    assert manager.exited() is None and not psutil.pid_exists(pid)
