@@ -88,11 +88,14 @@ def test_calibrate_the_real_server(batched_server: Running, tmp_path: Path) -> N
     assert all(p["prefill_s"] > 0 for p in points)
     assert points[0]["prefill_s"] < points[-1]["prefill_s"]  # more prompt, more time
     assert all((p["cached_tokens"] or 0) < 64 for p in points)  # the unique prefix works
-    assert doc["decode_tps"] is None or doc["decode_tps"] > 0
+    assert doc["decode_tps"] > 0 and doc["decode_note"] is None
     cal = Calibration.from_json(doc)
     advice = doc["advice"]
     assert advice["prompt_tokens"] == 16 * 1024
-    assert advice["client_s"] >= cal.fit.prefill_s(16 * 1024) * MARGIN
+    # The advice includes the answer: 1024 tokens (the default) at the measured decode rate.
+    assert advice["answer_s"] == pytest.approx(1024 / doc["decode_tps"], abs=0.01)
+    need = cal.fit.prefill_s(16 * 1024) + advice["answer_s"]
+    assert advice["client_s"] >= need * MARGIN
     state = Path(os.environ["XDG_STATE_HOME"]) / "mlx-watchdog" / "history.db"
     stored = Store(state).last_calibration(f"mlx-{batched_server.port}")
     assert stored is not None and stored["advice"] == advice

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import secrets
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -25,6 +26,8 @@ from mlx_watchdog.judge.check import LeftProbes, check_once, with_wedge_after
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
 WORDS_PROBE = 300
+DECODE_TOKENS = 128
+DECODE_PAIRS = 3
 _FILLER = ("alpha", "beta", "gamma", "delta", "river", "stone", "light", "window", "paper", "cloud")
 
 
@@ -102,6 +105,7 @@ class Calibration:
     points: tuple[Point, ...]
     fit: Fit
     decode_tps: float | None
+    decode_note: str | None = None  # why decode_tps could not be measured
 
     def prefill_tps(self, tokens: int) -> float:
         t = self.fit.prefill_s(tokens)
@@ -118,6 +122,7 @@ class Calibration:
             points=tuple(Point(**p) for p in doc["points"]),
             fit=Fit(**doc["fit"]),
             decode_tps=doc.get("decode_tps"),
+            decode_note=doc.get("decode_note"),
         )
 
 
@@ -126,7 +131,7 @@ class Advice:
     prompt_tokens: int
     answer_tokens: int
     prefill_s: float
-    answer_s: float
+    answer_s: float | None  # None: the decode rate could not be measured
     client_s: int  # the application's own request timeout
     agent_s: int  # an agent framework between it and the balancer
     load_balancer_s: int  # the proxy nearest the server waits longest
@@ -143,13 +148,13 @@ def advise(cal: Calibration, prompt_tokens: int, answer_tokens: int = 1024) -> A
     an error that the layers in front retry.
     """
     prefill = cal.fit.prefill_s(prompt_tokens)
-    answer = answer_tokens / cal.decode_tps if cal.decode_tps else 0.0
-    client = round_up((prefill + answer) * MARGIN, 30)
+    answer = answer_tokens / cal.decode_tps if cal.decode_tps else None
+    client = round_up((prefill + (answer or 0.0)) * MARGIN, 30)
     return Advice(
         prompt_tokens=prompt_tokens,
         answer_tokens=answer_tokens,
         prefill_s=round(prefill, 2),
-        answer_s=round(answer, 2),
+        answer_s=None if answer is None else round(answer, 2),
         client_s=client,
         agent_s=client + 30,
         load_balancer_s=client + 60,
@@ -204,19 +209,34 @@ def run_calibration(
         points.append(point)
         say(f"  {point.prompt_tokens} tokens: first token after {point.prefill_s:.2f} s")
     say("decoding a longer answer ...")
-    return Calibration(server.name, clock(), tuple(points), fit(points), _decode(server, timeout))
+    decode_tps, decode_note = _decode(server, timeout)
+    return Calibration(server.name, clock(), tuple(points), fit(points), decode_tps, decode_note)
 
 
-def _decode(server: ServerConfig, timeout: float) -> float | None:
-    """Tokens per second after the first: the difference between a 1-token and a 64-token
-    answer to prompts of the same length (whole request times: a stream may arrive in bursts).
+def _decode(server: ServerConfig, timeout: float) -> tuple[float | None, str | None]:
+    """Tokens per second after the first, and why not when it cannot be told.
+
+    The difference between a 1-token and a DECODE_TOKENS-token answer to prompts of the same
+    length, in whole request times: a stream may arrive in one burst (measured: the batched
+    mlx_lm.server sends a 64-token answer within 0.2 ms). One pair is at the mercy of a slow
+    first request on a fast model, so the median of a few pairs is taken.
     """
-    one = measure(server, filler(20, secrets.token_hex(8)), 1, timeout)
-    many = measure(server, filler(20, secrets.token_hex(8)), 64, timeout)
-    if many.tokens < 2 or one.done_at is None or many.done_at is None:
-        return None  # the model stopped at once (an end-of-text token): nothing to time
-    extra = (many.done_at - many.started_at) - (one.done_at - one.started_at)
-    return round((many.tokens - one.tokens) / extra, 1) if extra > 0 else None
+    rates: list[float] = []
+    why = None
+    for _ in range(DECODE_PAIRS):
+        one = measure(server, filler(20, secrets.token_hex(8)), 1, timeout)
+        many = measure(server, filler(20, secrets.token_hex(8)), DECODE_TOKENS, timeout)
+        if many.tokens < 2 or one.done_at is None or many.done_at is None:
+            why = f"the model stopped after {many.tokens} token(s) ({many.finish_reason})"
+            continue
+        extra = (many.done_at - many.started_at) - (one.done_at - one.started_at)
+        if extra <= 0:
+            why = f"a {many.tokens}-token answer came no later than a 1-token one"
+            continue
+        rates.append((many.tokens - one.tokens) / extra)
+    if rates:
+        return round(statistics.median(rates), 1), None
+    return None, why
 
 
 def context_length(cmdline: Sequence[str]) -> int | None:

@@ -124,13 +124,22 @@ def calibrate(
         )
     out.print(f"[bold]{server.name}[/bold] {server.url}")
     out.print(table)
-    decode = f"{cal.decode_tps:.1f} tok/s" if cal.decode_tps else "not measured"
-    out.print(f"decode: {decode}")
+    decode = (
+        f"{cal.decode_tps:.1f} tok/s"
+        if cal.decode_tps
+        else f"not measured: {cal.decode_note or 'unknown'}"
+    )
+    out.print(f"decode: {escape(decode)}", soft_wrap=True)
     size = tokens_label(prompt)
     note = " (assumed; pass --max-prompt)" if assumed else ""
+    answer = (
+        f"a {answer_tokens}-token answer about {advice.answer_s:.0f} s more"
+        if advice.answer_s is not None
+        else f"the time of a {answer_tokens}-token answer on top, which was not measured"
+    )
     out.print(
         f"A {size}-token prompt{note} needs about {advice.prefill_s:.0f} s of prefill here, "
-        f"and a {answer_tokens}-token answer about {advice.answer_s:.0f} s more.",
+        f"and {answer}.",
         soft_wrap=True,
     )
     largest = max(p.prompt_tokens for p in cal.points)
