@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_watchdog.config import ProbeSettings
-from mlx_watchdog.judge.verdict import EXIT_CODES, STATES, Observation, judge
+from mlx_watchdog.judge.states import EXIT_CODES, STATES
+from mlx_watchdog.judge.verdict import Observation, judge
 from mlx_watchdog.sense.evidence import Client, ProcessEvidence
 from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
 

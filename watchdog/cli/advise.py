@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from mlx_watchdog.cli.app import (
-    UNKNOWN_EXIT,
     config_option,
     err,
     escape,
@@ -19,7 +18,7 @@ from mlx_watchdog.cli.app import (
     pick_servers,
 )
 from mlx_watchdog.config import ConfigError, parse_duration
-from mlx_watchdog.judge.check import left_probes
+from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 
 @click.command()
@@ -71,6 +70,7 @@ def calibrate(
         run_calibration,
     )
     from mlx_watchdog.judge.advice import tokens_label
+    from mlx_watchdog.judge.check import left_probes
     from mlx_watchdog.record.store import open_history
 
     if url and server_name:
@@ -200,6 +200,7 @@ def drill(
     """
     from mlx_watchdog.advice.calibrate import parse_tokens, refusal
     from mlx_watchdog.advice.drill import plan, restart_through_daemon, run_drill
+    from mlx_watchdog.judge.check import left_probes
 
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")

@@ -14,11 +14,11 @@ import click
 
 from mlx_watchdog import __version__
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config, parse_url
+from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-UNKNOWN_EXIT = 3  # the monitoring-plugin convention: cannot tell
 
 
 class _LazyConsole:

@@ -16,7 +16,6 @@ import click
 
 from mlx_watchdog.cli.app import (
     STATE_STYLE,
-    UNKNOWN_EXIT,
     config_option,
     err,
     escape,
@@ -30,6 +29,7 @@ from mlx_watchdog.config import (
     to_toml,
     write_template,
 )
+from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
     from rich.console import Group

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
-import socket
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +13,6 @@ import click
 
 from mlx_watchdog.cli.app import (
     STATE_STYLE,
-    UNKNOWN_EXIT,
     config_option,
     err,
     escape,
@@ -33,6 +28,7 @@ from mlx_watchdog.config import (
     to_toml,
     write_template,
 )
+from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
     from mlx_watchdog.judge.check import CheckResult
@@ -159,6 +155,8 @@ def run(config_path: Path | None) -> None:
 
 
 def setup_logging() -> None:
+    import logging
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
@@ -184,7 +182,10 @@ def demo(port: int, timeout: str) -> None:
     Needs the server extra. Exit 0 when the server recovered, 1 when it did not, 3 when the
     demo cannot run.
     """
-    from mlx_watchdog.demo.run import missing_server_extra, run_demo
+    import logging
+    import tempfile
+
+    from mlx_watchdog.demo.run import SayHandler, free_port, missing_server_extra, run_demo
 
     try:
         limit = parse_duration(timeout, "--timeout")
@@ -201,11 +202,11 @@ def demo(port: int, timeout: str) -> None:
             f"[dim]{time.monotonic() - started:6.1f}s[/dim] {escape(message)}", soft_wrap=True
         )
 
-    handler = _SayHandler(say)
+    handler = SayHandler(say)
     logging.getLogger("mlx_watchdog").addHandler(handler)
     logging.getLogger("mlx_watchdog").setLevel(logging.INFO)
     with tempfile.TemporaryDirectory(prefix="mlx-watchdog-demo-") as workdir:
-        result = run_demo(Path(workdir), port or _free_port(), say=say, timeout=limit)
+        result = run_demo(Path(workdir), port or free_port(), say=say, timeout=limit)
     logging.getLogger("mlx_watchdog").removeHandler(handler)
     incident = result.incident
     if not result.recovered or incident is None:
@@ -227,21 +228,6 @@ def demo(port: int, timeout: str) -> None:
         "The lasting fix is at the cause: no client or load balancer in front of the server "
         "may give up before a long prefill can finish."
     )
-
-
-class _SayHandler(logging.Handler):
-    def __init__(self, say: Callable[[str], None]) -> None:
-        super().__init__(logging.INFO)
-        self.say = say
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.say(record.getMessage())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @click.group()

@@ -9,7 +9,9 @@ Everything lives in a temporary folder; the user's config and history are never 
 from __future__ import annotations
 
 import importlib
+import logging
 import random
+import socket
 import sys
 import threading
 import time
@@ -200,3 +202,18 @@ def _result(daemon: Daemon, since: float | None, message: str) -> DemoResult:
         detected_after_s=None if incident is None or since is None else incident.opened_at - since,
         message=message,
     )
+
+
+class SayHandler(logging.Handler):
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from mlx_watchdog.config import ProbeSettings
-from mlx_watchdog.judge.verdict import State
+from mlx_watchdog.judge.states import State
 
 
 class Trigger(StrEnum):

@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from mlx_watchdog.config import ProbeSettings
+from mlx_watchdog.judge.states import EXIT_CODES, State
 from mlx_watchdog.sense.evidence import ProcessEvidence
 from mlx_watchdog.sense.probe import DEAD_FINDINGS, DOWN_FINDINGS, OK, ModelsCheck, ProbeSnapshot
-
-State = Literal["starting", "healthy", "slow", "busy", "wedged", "dead", "down"]
-STATES: tuple[State, ...] = ("starting", "healthy", "slow", "busy", "wedged", "dead", "down")
-
-# The monitoring-plugin convention: 0 ok, 1 warning, 2 critical, 3 unknown.
-EXIT_CODES: dict[State, int] = {
-    "healthy": 0,
-    "slow": 1,
-    "busy": 1,
-    "starting": 1,
-    "wedged": 2,
-    "dead": 2,
-    "down": 2,
-}
-UNKNOWN_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -65,18 +51,18 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         ttft = probe.ttft if probe.ttft is not None else waited
         note = _models_note(models)
         if ttft > s.slow_after:
-            return "slow", f"first token after {_s(ttft)} (slow_after is {_s(s.slow_after)}){note}"
-        return "healthy", f"first token in {_s(ttft)}{note}"
+            return State.SLOW, f"first token after {_s(ttft)} (slow_after is {_s(s.slow_after)}){note}"
+        return State.HEALTHY, f"first token in {_s(ttft)}{note}"
 
     if probe.finding in DOWN_FINDINGS:
         if young and proc.pid is not None:
-            return "starting", f"PID {proc.pid} started {_s(age or 0)} ago and is not answering yet"
+            return State.STARTING, f"PID {proc.pid} started {_s(age or 0)} ago and is not answering yet"
         where = f"; {proc.error}" if proc.error and proc.pid is None else ""
-        return "down", f"{DOWN_FINDINGS[probe.finding]}{where}"
+        return State.DOWN, f"{DOWN_FINDINGS[probe.finding]}{where}"
 
     if probe.finding in DEAD_FINDINGS:
         detail = f" ({probe.detail})" if probe.detail else ""
-        return "dead", f"{DEAD_FINDINGS[probe.finding]}{detail}"
+        return State.DEAD, f"{DEAD_FINDINGS[probe.finding]}{detail}"
 
     if probe.finding not in (None, "no_response"):
         return None, ""  # aborted by the watchdog itself: says nothing about the server
@@ -85,7 +71,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
     # may still be loading its model, unless clients already came and went or wait on it.
     if young and waited < s.startup_grace and not proc.abandoned and not proc.live:
         return (
-            "starting",
+            State.STARTING,
             f"PID {proc.pid} started {_s(age or 0)} ago; no token yet after {_s(waited)}",
         )
     if waited < s.slow_after:
@@ -95,41 +81,41 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         why = proc.error or "its connections cannot be inspected"
         if waited >= s.max_busy:
             return (
-                "wedged",
+                State.WEDGED,
                 f"no token for {_s(waited)}{got}, longer than max_busy ({_s(s.max_busy)}); {why}",
             )
         return (
-            "busy",
+            State.BUSY,
             f"no token yet after {_s(waited)}{got}; {why}, so waiting up to max_busy ({_s(s.max_busy)})",
         )
 
     abandoned, live = proc.abandoned, proc.live
     if waited < s.wedge_after:
         if live and not abandoned:
-            return "busy", f"{_clients(live)} being served; the probe has waited {_s(waited)}"
+            return State.BUSY, f"{_clients(live)} being served; the probe has waited {_s(waited)}"
         held = f"; {_abandoned(abandoned)}" if abandoned else ""
-        return "slow", f"no token yet after {_s(waited)}{got}{held}"
+        return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
 
     lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
     if abandoned:
         oldest = proc.oldest_abandoned(now)
         since = f" (the oldest seen for {_s(oldest)})" if oldest else ""
         verb = "hold" if abandoned != 1 else "holds"
-        return "wedged", f"{lead}; {_abandoned(abandoned)}{since} {verb} the server"
+        return State.WEDGED, f"{lead}; {_abandoned(abandoned)}{since} {verb} the server"
     if not live:
-        return "wedged", f"{lead}; no other client is connected, so it serves nobody"
+        return State.WEDGED, f"{lead}; no other client is connected, so it serves nobody"
     if proc.cpu_percent is not None and proc.cpu_percent < s.idle_cpu_percent:
-        return "wedged", (
+        return State.WEDGED, (
             f"{lead}; {_clients(live)} connected but the process is idle "
             f"(CPU {proc.cpu_percent:.1f}%)"
         )
     if waited >= s.max_busy:
         return (
-            "wedged",
+            State.WEDGED,
             f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})",
         )
     cpu = f" (CPU {proc.cpu_percent:.0f}%)" if proc.cpu_percent is not None else ""
-    return "busy", f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}"
+    return State.BUSY, f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}"
 
 
 def evidence(obs: Observation, now: float) -> dict[str, Any]:

@@ -6,18 +6,16 @@ The daemon writes its endpoint's address to `state_dir/daemon.json` and the bear
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx
-import psutil
+from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
-from mlx_watchdog.record.store import open_history
 from mlx_watchdog.serve.endpoint import DAEMON_FILE, TOKEN_FILE
-from mlx_watchdog.serve.status import from_history
 
 TIMEOUT = 5.0
 
@@ -39,24 +37,55 @@ def daemon_url(state_dir: Path) -> str:
         raise DaemonNotRunning(f"the watchdog is not running (no {path})") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DaemonNotRunning(f"{path} is unreadable ({exc})") from None
-    if not psutil.pid_exists(pid):
+    if not _alive(pid):
         raise DaemonNotRunning(f"the watchdog is not running (PID {pid} in {path} is gone)")
     return url
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    return True
+
+
+def _request(
+    url: str, method: str, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """One request to the daemon's own endpoint (plain HTTP on this machine). The standard
+    library's client keeps `status` quick to start: httpx alone takes longer to import."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=TIMEOUT)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
+    finally:
+        conn.close()
+
+
 def live_status(state_dir: Path) -> dict[str, Any]:
     url = daemon_url(state_dir)
+    status, body = _request(url, "GET", "/status")
     try:
-        r = httpx.get(url + "/status", timeout=TIMEOUT)
-        r.raise_for_status()
-        doc: dict[str, Any] = r.json()
-    except (httpx.HTTPError, ValueError) as exc:
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        doc: dict[str, Any] = json.loads(body)
+    except ValueError as exc:
         raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
     return doc
 
 
 def history_status(config: Config, why: str, now: float | None = None) -> dict[str, Any]:
     """The status document built from the history database, saying why it is not live."""
+    from mlx_watchdog.record.store import open_history
+    from mlx_watchdog.serve.status import from_history
+
     now = time.time() if now is None else now
     store = open_history(config.watchdog.state_dir, create=False)
     try:
@@ -72,18 +101,13 @@ def act(state_dir: Path, name: str, action: str) -> str:
         token = (state_dir / TOKEN_FILE).read_text().strip()
     except OSError as exc:
         raise DaemonNotRunning(f"cannot read the token {state_dir / TOKEN_FILE}: {exc}") from None
+    status, body = _request(
+        url, "POST", f"/servers/{name}/{action}", {"Authorization": f"Bearer {token}"}
+    )
     try:
-        r = httpx.post(
-            f"{url}/servers/{name}/{action}",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=TIMEOUT,
-        )
-    except httpx.HTTPError as exc:
-        raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
-    try:
-        doc = r.json()
+        doc = json.loads(body)
     except ValueError:
-        doc = {"error": r.text[:200]}
-    if r.status_code != 202:
+        doc = {"error": body[:200].decode(errors="replace")}
+    if status != 202:
         raise ActionRefused(str(doc.get("error", doc)))
     return str(doc["message"])

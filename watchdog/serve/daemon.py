@@ -30,6 +30,7 @@ from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.advice import incident_advice
 from mlx_watchdog.judge.check import Checker, left_probes
+from mlx_watchdog.judge.states import BAD_STATES
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
@@ -47,7 +48,6 @@ STOP_TIMEOUT = 20.0  # for a restart in progress to finish by itself
 INTERRUPT_TIMEOUT = 5.0
 LOG_CHECK = 60.0  # seconds between log size checks
 JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
-BAD = ("wedged", "dead", "down")
 
 
 class Daemon:
@@ -177,7 +177,7 @@ class Daemon:
         w.streak, trigger = triggers.decide(
             w.streak, v.state, self.monotonic(), w.server.probe, exited=exited is not None
         )
-        if v.state not in BAD:
+        if v.state not in BAD_STATES:
             return
         advice = self._advice(w, v)
         if w.incident is None:

@@ -23,7 +23,6 @@ from typing import Any, Protocol
 log = logging.getLogger("mlx_watchdog")
 
 ACTIONS = ("restart", "drain", "undrain")
-SERVING_STATES = ("healthy", "slow", "busy")
 TOKEN_FILE = "api-token"
 DAEMON_FILE = "daemon.json"  # where the running daemon's endpoint is, for the CLI
 

@@ -13,10 +13,9 @@ from typing import Any
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import decide
-from mlx_watchdog.judge.verdict import EXIT_CODES, UNKNOWN_EXIT
+from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT
 from mlx_watchdog.record.store import Store
 
-SERVING_STATES = ("healthy", "slow", "busy")
 TTFT_WINDOW = 3600.0
 RESTART_WINDOW = 86400.0
 
@@ -47,7 +46,7 @@ def describe(
         "state": state or "unknown",
         "reason": reason,
         "serving": serving,
-        "exit_code": EXIT_CODES.get(state, UNKNOWN_EXIT),  # type: ignore[call-overload]
+        "exit_code": EXIT_CODES.get(state or "", UNKNOWN_EXIT),
         "judged_at": at,
         "state_since": since,
         "draining": draining,

@@ -1,0 +1,35 @@
+"""The states a server can be in and what each means to a monitoring system.
+
+Nothing heavy is imported here: `status` and the endpoint read these without the probe's httpx.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    STARTING = "starting"  # (re)started, not serving yet
+    HEALTHY = "healthy"  # a token within slow_after
+    SLOW = "slow"  # a token, late; or none yet, before wedge_after
+    BUSY = "busy"  # the probe waits while live clients are served
+    WEDGED = "wedged"  # up, serving nobody
+    DEAD = "dead"  # answers generation wrongly
+    DOWN = "down"  # nothing listening, or no process
+
+
+STATES: tuple[State, ...] = tuple(State)
+SERVING_STATES = (State.HEALTHY, State.SLOW, State.BUSY)  # a balancer may route to these
+BAD_STATES = (State.WEDGED, State.DEAD, State.DOWN)  # an incident is open
+
+# The monitoring-plugin convention: 0 ok, 1 warning, 2 critical, 3 unknown.
+EXIT_CODES: dict[str, int] = {
+    State.HEALTHY: 0,
+    State.SLOW: 1,
+    State.BUSY: 1,
+    State.STARTING: 1,
+    State.WEDGED: 2,
+    State.DEAD: 2,
+    State.DOWN: 2,
+}
+UNKNOWN_EXIT = 3
