@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from mlx_watchdog.config import (
-    TEMPLATE,
     ConfigError,
     effective,
     format_duration,
     load_config,
     parse_config,
     parse_duration,
+    template,
 )
 
 
@@ -222,15 +222,25 @@ def test_missing_api_key_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_template_is_valid_and_shows_the_defaults() -> None:
-    cfg = parse_config(tomllib.loads(TEMPLATE))
+    text = template()
+    cfg = parse_config(tomllib.loads(text))
     default = parse_config({"server": [{"name": "mlx", "url": "http://127.0.0.1:8080"}]})
     assert cfg == default
+    # Uncomment every default (not the examples): the same configuration comes out, so the
+    # template cannot disagree with the defaults.
+    lines = text.splitlines()
+    # An example says so on its own line or in the note above it.
+    example = [
+        ("example;" in line or "example;" in before)
+        for before, line in zip(["", *lines[:-1]], lines, strict=True)
+    ]
     uncommented = "\n".join(
-        line.lstrip("# ")
-        for line in TEMPLATE.splitlines()
-        if line.startswith("# ") and " = " in line and "ntfy" not in line
+        line[2:] if line.startswith("# ") and " = " in line and not is_example else line
+        for line, is_example in zip(lines, example, strict=True)
     )
-    assert 'wedge_after = "60s"' in uncommented
+    assert uncommented != text and 'wedge_after = "1m"' in uncommented
+    assert parse_config(tomllib.loads(uncommented)) == default
+    assert sum(" = " in line and e for line, e in zip(lines, example, strict=True)) >= 10
 
 
 def test_effective_masks_secrets(tmp_path: Path) -> None:
@@ -270,4 +280,7 @@ def test_written_thresholds_that_conflict_are_named_even_when_not_adjacent() -> 
     probe = {"slow_after": "2m", "max_busy": "1m"}
     with pytest.raises(ConfigError) as info:
         parse_config({"server": [{"name": "q", "url": "http://127.0.0.1:8080", "probe": probe}]})
-    assert str(info.value) == 'server "q": probe.slow_after = "2m" must be at most probe.max_busy = "1m"'
+    assert (
+        str(info.value)
+        == 'server "q": probe.slow_after = "2m" must be at most probe.max_busy = "1m"'
+    )

@@ -1,0 +1,262 @@
+"""The configuration's shape: frozen dataclasses whose field metadata says how each key is
+parsed, shown and documented. Parsing (`parse.py`), `config check` and the template
+(`render.py`) all read it, so the template can never disagree with the defaults."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from mlx_watchdog.config.values import (
+    Convert,
+    Manager,
+    float_range,
+    format_duration,
+    format_size,
+    int_range,
+    parse_argv,
+    parse_bool,
+    parse_duration,
+    parse_env,
+    parse_manager,
+    parse_name,
+    parse_path,
+    parse_size,
+    parse_str,
+    parse_str_list,
+    parse_url,
+)
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message lists every problem found."""
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    parse: Convert,
+    doc: str,
+    show: Callable[[Any], object] | None = None,
+    example: object = None,
+    default_factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A config key: how it is parsed, how it is shown (default: as is), what it is for, and an
+    example for the template when it has no default."""
+    meta = {"parse": parse, "doc": doc, "show": show, "example": example}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)  # MISSING: a required key
+
+
+def _duration(value: float) -> str:
+    return format_duration(value)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    prompt: str = setting(
+        "ping", parse=parse_str, doc="fixed, so the prompt cache makes the probe nearly free"
+    )
+    max_tokens: int = setting(1, parse=int_range(1, 64), doc="tokens the probe asks for")
+    slow_after: float = setting(
+        10.0,
+        parse=parse_duration,
+        show=_duration,
+        doc='a token later than this is "slow" (left out: at most half of wedge_after)',
+    )
+    wedge_after: float = setting(
+        60.0,
+        parse=parse_duration,
+        show=_duration,
+        doc='zero tokens this long, with nobody served: "wedged"',
+    )
+    max_busy: float = setting(
+        900.0,
+        parse=parse_duration,
+        show=_duration,
+        doc='busy with live clients longer than this: "wedged"',
+    )
+    startup_grace: float = setting(
+        120.0,
+        parse=parse_duration,
+        show=_duration,
+        doc="a (re)started server may take this long to serve",
+    )
+    hard_timeout: float = setting(
+        1800.0,
+        parse=parse_duration,
+        show=_duration,
+        doc="the probe itself never gives up before this",
+    )
+    models_timeout: float = setting(
+        5.0, parse=parse_duration, show=_duration, doc="for GET /v1/models"
+    )
+    idle_cpu_percent: float = setting(
+        1.0,
+        parse=float_range(0.0, 100.0),
+        doc="below this, connected clients are not being served",
+    )
+
+
+@dataclass(frozen=True)
+class RestartSettings:
+    max_restarts: int = setting(3, parse=int_range(0, 1000), doc="per window")
+    window: float = setting(3600.0, parse=parse_duration, show=_duration, doc="the budget's window")
+    backoff: float = setting(
+        30.0, parse=parse_duration, show=_duration, doc="grows between attempts"
+    )
+    drain: bool = setting(False, parse=parse_bool, doc="drain before a restart")
+    drain_timeout: float = setting(
+        120.0, parse=parse_duration, show=_duration, doc="wait this long for live clients"
+    )
+    drain_command: tuple[str, ...] = setting(
+        (), parse=parse_argv, doc="runs on drain", example=["/usr/local/bin/lb", "drain", "mlx"]
+    )
+    undrain_command: tuple[str, ...] = setting(
+        (),
+        parse=parse_argv,
+        doc="runs on undrain",
+        example=["/usr/local/bin/lb", "undrain", "mlx"],
+    )
+    command_timeout: float = setting(
+        120.0,
+        parse=parse_duration,
+        show=_duration,
+        doc="for restart_command and the drain commands",
+    )
+    stop_grace: float = setting(
+        10.0,
+        parse=parse_duration,
+        show=_duration,
+        doc='manager = "process": SIGTERM, then SIGKILL after this',
+    )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str = setting(parse=parse_name, doc="unnamed servers are mlx-<port>", example="mlx")
+    url: str = setting(
+        parse=parse_url, doc="required: the server's base URL", example="http://127.0.0.1:8080"
+    )
+    api_key_file: Path | None = setting(
+        None, parse=parse_path, doc="chmod 600", example="~/.config/mlx-watchdog/api-key"
+    )
+    model: str | None = setting(
+        None,
+        parse=parse_str,
+        doc="leave out: the probe uses the served default",
+        example="mlx-community/Qwen3-4B-4bit",
+    )
+    manager: Manager = setting(
+        "none", parse=parse_manager, doc="none | launchd | systemd | process | command"
+    )
+    label: str | None = setting(
+        None, parse=parse_str, doc="launchd", example="com.example.mlx-server"
+    )
+    plist: Path | None = setting(
+        None,
+        parse=parse_path,
+        doc="launchd, for bootstrap",
+        example="~/Library/LaunchAgents/com.example.mlx-server.plist",
+    )
+    unit: str | None = setting(
+        None, parse=parse_str, doc="systemd --user", example="mlx-server.service"
+    )
+    command: tuple[str, ...] = setting(
+        (),
+        parse=parse_argv,
+        doc="process",
+        example=["mlx_lm.server", "--model", "...", "--port", "8080"],
+    )
+    restart_command: tuple[str, ...] = setting(
+        (), parse=parse_argv, doc="command", example=["/usr/local/bin/restart-mlx"]
+    )
+    match: str = setting(
+        "mlx_lm", parse=parse_str, doc="the server's command line must contain this"
+    )
+    env: Mapping[str, str] = setting(
+        parse=parse_env,
+        default_factory=dict,
+        doc="for manager = process",
+        example={"HF_HUB_CACHE": "/path/to/hub"},
+    )
+    log_file: Path | None = setting(
+        None, parse=parse_path, doc="the server's output", example="~/Library/Logs/mlx-server.log"
+    )
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    restart: RestartSettings = field(default_factory=RestartSettings)
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    def api_key(self) -> str | None:
+        """Read the key at use time, so a rotated key needs no reload."""
+        if self.api_key_file is None:
+            return None
+        return self.api_key_file.read_text().strip() or None
+
+
+def default_state_dir() -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "mlx-watchdog"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mlx-watchdog"
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    interval: float = setting(
+        30.0, parse=parse_duration, show=_duration, doc="how often each server is checked"
+    )
+    # `listen` in the file: "host:port" or "off" (listen_port None); port 0 takes a free one.
+    listen_host: str = "127.0.0.1"
+    listen_port: int | None = 9464
+    state_dir: Path = setting(
+        parse=parse_path,
+        default_factory=default_state_dir,
+        show=str,
+        doc="history database and token",
+    )
+    alerts: tuple[str, ...] = setting(
+        (), parse=parse_str_list, doc="Apprise URLs", example=["ntfy://my-topic"]
+    )
+    on_event: tuple[str, ...] = setting(
+        (),
+        parse=parse_argv,
+        doc="gets each event as JSON on stdin",
+        example=["/usr/local/bin/notify"],
+    )
+    log_max_size: int = setting(
+        10 * 2**20,
+        parse=parse_size,
+        show=format_size,
+        doc="its own log (under launchd) and each server's log_file",
+    )
+    log_keep: int = setting(3, parse=int_range(0, 100), doc="rotated copies kept: log.1 .. log.3")
+
+
+@dataclass(frozen=True)
+class Config:
+    watchdog: WatchdogSettings
+    servers: tuple[ServerConfig, ...]
+    source: Path | None = None
+    warnings: tuple[str, ...] = ()
+
+    def server(self, name: str) -> ServerConfig:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        names = ", ".join(f'"{s.name}"' for s in self.servers)
+        raise ConfigError(f'no server named "{name}"; configured: {names}')

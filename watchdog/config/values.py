@@ -1,0 +1,203 @@
+"""Single values: each converter takes what TOML gave and where it stands, and returns the value
+or raises ValueError naming the key and quoting the value; each formatter writes it back."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, cast
+from urllib.parse import urlsplit
+
+Manager = Literal["none", "launchd", "systemd", "process", "command"]
+MANAGERS: tuple[Manager, ...] = ("none", "launchd", "systemd", "process", "command")
+
+DEFAULT_URL = "http://127.0.0.1:8080"  # mlx_lm.server's own default
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
+Convert = Callable[[object, str], Any]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)")
+_SIZE_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
+_SIZE_UNITS |= {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def show(value: object) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def parse_duration(value: object, where: str) -> float:
+    """`"500ms"`, `"30s"`, `"15m"`, `"1h"`, `"1h30m"` -> seconds."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f'{where} = {show(value)} is not a duration; write it like "30s"')
+    if not isinstance(value, str):
+        raise ValueError(f'{where} = {show(value)} has no unit; write "{value}s"')
+    text = value.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        raise ValueError(f'{where} = {show(value)} has no unit; write "{text}s"')
+    if not text or not re.fullmatch(rf"(?:{_DURATION_RE.pattern})+", text):
+        raise ValueError(
+            f"{where} = {show(value)} is not a duration; use a number with ms, s, m, h or d, "
+            f'like "500ms", "30s", "15m" or "1h"'
+        )
+    seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION_RE.findall(text))
+    if seconds <= 0:
+        raise ValueError(f"{where} = {show(value)} must be longer than zero")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def parse_size(value: object, where: str) -> int:
+    """`"10MB"`, `"512KiB"` -> bytes."""
+    text = value.strip() if isinstance(value, str) else None
+    match = _SIZE_RE.fullmatch(text) if text else None
+    if match is None:
+        hint = (
+            f'write "{value}MB"'
+            if isinstance(value, int) and not isinstance(value, bool)
+            else ('use a number with B, KB, MB, GB, KiB, MiB or GiB, like "10MB"')
+        )
+        raise ValueError(f"{where} = {show(value)} is not a size; {hint}")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if size <= 0:
+        raise ValueError(f"{where} = {show(value)} must be larger than zero")
+    return size
+
+
+def format_size(size: int) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        if size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]}{unit}"
+    return f"{size}B"
+
+
+def parse_str(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where} = {show(value)} must be a non-empty string")
+    return value
+
+
+def parse_name(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"{where} = {show(value)} is not a valid name; use letters, digits, '.', '_' or '-'"
+        )
+    return value
+
+
+def parse_bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where} = {show(value)} must be true or false")
+    return value
+
+
+def int_range(low: int, high: int) -> Convert:
+    def convert(value: object, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(
+                f"{where} = {show(value)} must be a whole number from {low} to {high}"
+            )
+        return value
+
+    return convert
+
+
+def float_range(low: float, high: float) -> Convert:
+    def convert(value: object, where: str) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
+            raise ValueError(f"{where} = {show(value)} must be a number from {low:g} to {high:g}")
+        return float(value)
+
+    return convert
+
+
+def parse_url(value: object, where: str) -> str:
+    text = parse_str(value, where)
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f'{where} = {show(value)} must be an http(s) URL, like "{DEFAULT_URL}"')
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ValueError(f"{where} = {show(value)} has an invalid port") from None
+    if parts.path not in ("", "/"):
+        raise ValueError(
+            f"{where} = {show(value)} must be the server's base URL without a path, "
+            f'like "{parts.scheme}://{parts.netloc}"'
+        )
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def parse_listen(value: object, where: str) -> tuple[str, int | None]:
+    text = parse_str(value, where)
+    if text == "off":
+        return "127.0.0.1", None
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(
+            f'{where} = {show(value)} must be host:port, like "{DEFAULT_LISTEN}", or "off"'
+        )
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def parse_path(value: object, where: str) -> Path:
+    return Path(parse_str(value, where)).expanduser()
+
+
+def parse_str_list(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{where} = {show(value)} must be a list of strings")
+    return tuple(cast(list[str], value))
+
+
+def parse_argv(value: object, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ValueError(
+            f"{where} = {show(value)} must be a list of arguments, "
+            f"like {json.dumps(value.split())} (it runs without a shell)"
+        )
+    return parse_str_list(value, where)  # [] means not set
+
+
+def parse_env(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f'{where} = {show(value)} must be a table of NAME = "value"')
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise ValueError(f"{where}.{k} = {show(v)} must be a string")
+    return dict(value)
+
+
+def parse_manager(value: object, where: str) -> Manager:
+    if value not in MANAGERS:
+        raise ValueError(f"{where} = {show(value)} must be one of: {', '.join(MANAGERS)}")
+    return value
