@@ -120,7 +120,9 @@ def main() -> None:
 # The daemon's own tick, driven as fast as the server answers, in a process of its own; RSS
 # sampled at 1,000 probes and at the end.
 FOOTPRINT = """
-import json, sys, psutil
+import json, sys
+sys.modules.setdefault("httpx._main", None)  # as `mlx-watchdog run` does
+import psutil
 from pathlib import Path
 from mlx_watchdog.config import load_config
 from mlx_watchdog.serve.daemon import Daemon

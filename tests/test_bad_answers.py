@@ -64,9 +64,9 @@ def test_bad_answer(
     # The slow answer (1 s) must come after slow_after and before wedge_after.
     result = check_once(server_at(srv.url, wedge_after=1.8, max_busy=1.9))
     ev = result.verdict.evidence
-    assert (result.verdict.state, ev["models_finding"]) == (state, models), result.verdict.reason
-    assert ev["probe_finding"] == finding, result.verdict.reason
-    assert ev["pid"] == srv.proc.pid
+    assert (result.verdict.state, ev.models_finding) == (state, models), result.verdict.reason
+    assert ev.probe_finding == finding, result.verdict.reason
+    assert ev.pid == srv.proc.pid
     assert result.verdict.reason.startswith(state + ": ")
 
 
@@ -75,7 +75,7 @@ def test_trickle_is_wedged_while_it_lasts(bad_server: Callable[..., Running]) ->
     result = check_once(server_at(srv.url))
     ev = result.verdict.evidence
     assert result.verdict.state == "wedged", result.verdict.reason
-    assert ev["probe_finding"] == "waiting" and ev["keepalives"] >= 3 and ev["tokens"] == 0
+    assert ev.probe_finding == "waiting" and ev.keepalives >= 3 and ev.tokens == 0
     assert "keepalives" in result.verdict.reason
 
 
@@ -97,8 +97,8 @@ def test_slot_never_released_with_nobody_else_is_wedged(bad_server: Callable[...
     result = check_once(server_at(srv.url))
     ev = result.verdict.evidence
     assert result.verdict.state == "wedged", result.verdict.reason
-    assert ev["bytes"] == 0 and ev["models_ok"] is True
-    assert ev["live_connections"] == 0 and ev["abandoned_connections"] == 0
+    assert ev.bytes == 0 and ev.models_ok is True
+    assert ev.live_connections == 0 and ev.abandoned_connections == 0
     assert "no other client" in result.verdict.reason
 
 
@@ -120,7 +120,7 @@ def test_slot_held_for_a_client_that_left_is_wedged(bad_server: Callable[..., Ru
         s.close()
     result = check_once(server_at(srv.url))
     assert result.verdict.state == "wedged", result.verdict.reason
-    assert result.verdict.evidence["abandoned_connections"] == 2
+    assert result.verdict.evidence.abandoned_connections == 2
     assert "2 abandoned requests" in result.verdict.reason
 
 
@@ -138,12 +138,12 @@ def test_connected_clients_with_an_idle_process_is_wedged(
         waiting.close()
     ev = result.verdict.evidence
     assert result.verdict.state == "wedged", result.verdict.reason
-    assert ev["live_connections"] == 1 and ev["cpu_percent"] < 5.0
+    assert ev.live_connections == 1 and ev.cpu_percent < 5.0
     assert "idle" in result.verdict.reason
 
 
 def test_nothing_listening_is_down() -> None:
     result = check_once(server_at(f"http://127.0.0.1:{free_port()}"))
     assert result.verdict.state == "down"
-    assert result.verdict.evidence["probe_finding"] == "refused"
-    assert result.verdict.evidence["models_finding"] == "refused"
+    assert result.verdict.evidence.probe_finding == "refused"
+    assert result.verdict.evidence.models_finding == "refused"

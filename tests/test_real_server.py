@@ -39,15 +39,15 @@ def test_healthy(batched_server: Running) -> None:
     result = check_once(server_config(batched_server.url))
     ev = result.verdict.evidence
     assert result.verdict.state == "healthy", result.verdict.reason
-    assert ev["tokens"] >= 1 and ev["models_ok"] is True and ev["models_status"] == 200
-    assert ev["pid"] == batched_server.proc.pid and ev["cmdline_matches"] is True
-    assert ev["abandoned_connections"] == 0 and ev["live_connections"] == 0
+    assert ev.tokens >= 1 and ev.models_ok is True and ev.models_status == 200
+    assert ev.pid == batched_server.proc.pid and ev.cmdline_matches is True
+    assert ev.abandoned_connections == 0 and ev.live_connections == 0
 
 
 def test_repeated_probe_is_served_from_the_prompt_cache(batched_server: Running) -> None:
     check_once(server_config(batched_server.url))
     ev = check_once(server_config(batched_server.url)).verdict.evidence
-    assert ev["prompt_tokens"] - ev["cached_tokens"] <= 2
+    assert ev.prompt_tokens - ev.cached_tokens <= 2
 
 
 def test_abandoned_requests_wedge_the_serial_server(serial_server: Running) -> None:
@@ -56,8 +56,8 @@ def test_abandoned_requests_wedge_the_serial_server(serial_server: Running) -> N
     ev = doc["evidence"]
     assert isinstance(ev, dict)
     assert (code, doc["state"]) == (2, "wedged"), doc["reason"]
-    assert ev["abandoned_connections"] >= 1 and ev["models_status"] == 200
-    assert ev["bytes"] == 0 and ev["tokens"] == 0
+    assert ev.abandoned_connections >= 1 and ev.models_status == 200
+    assert ev.bytes == 0 and ev.tokens == 0
     assert "abandoned" in str(doc["reason"])
 
 
@@ -70,8 +70,8 @@ def test_patient_long_request_is_busy(
     ev = doc["evidence"]
     assert isinstance(ev, dict)
     assert (code, doc["state"]) == (1, "busy"), doc["reason"]
-    assert ev["live_connections"] == 1 and ev["abandoned_connections"] == 0
-    assert ev["cpu_percent"] > 50
+    assert ev.live_connections == 1 and ev.abandoned_connections == 0
+    assert ev.cpu_percent > 50
 
 
 def test_a_second_probe_during_a_long_request_stays_busy(
@@ -96,7 +96,7 @@ def test_empty_models_body_is_its_own_finding(
     finally:
         server.stop()
     ev = result.verdict.evidence
-    assert ev["models_status"] == 200 and ev["models_finding"] == "empty_body"
+    assert ev.models_status == 200 and ev.models_finding == "empty_body"
     assert result.verdict.state == "healthy"  # generation works; the finding says what is off
     assert "empty body" in result.verdict.reason
 

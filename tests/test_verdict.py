@@ -163,10 +163,10 @@ def test_evidence_carries_the_numbers() -> None:
     )
     assert verdict is not None
     ev = verdict.evidence
-    assert ev["waited_s"] == 61 and ev["bytes"] == 0 and ev["tokens"] == 0
-    assert (ev["live_connections"], ev["abandoned_connections"]) == (1, 2)
-    assert ev["cpu_percent"] == 99.5 and ev["models_status"] == 200 and ev["pid"] == 42
-    assert ev["ttft_s"] is None and ev["probe_finding"] == "waiting"
+    assert ev.waited_s == 61 and ev.bytes == 0 and ev.tokens == 0
+    assert (ev.live_connections, ev.abandoned_connections) == (1, 2)
+    assert ev.cpu_percent == 99.5 and ev.models_status == 200 and ev.pid == 42
+    assert ev.ttft_s is None and ev.probe_finding == "waiting"
 
 
 def test_exit_codes_cover_every_state() -> None:

@@ -43,6 +43,7 @@ class OpenIncident:
     """
 
     began_at: float  # wall time serving stopped, as the probes saw it
+    state: str  # the state that opened it
     id: int | None = None  # its row in the history, when it could be written
     advised_waits: list[float] = field(default_factory=list)  # what the advice says
     said: set[str] = field(default_factory=set)  # one alert per kind per incident
@@ -62,6 +63,7 @@ class Watch:
     draining: bool = False
     restarting: bool = False
     last_token_at: float | None = None
+    ttfts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
     state_since: float | None = None
     judged_at: float | None = None
     # Span-clock readings at the end of the last tick, to notice a sleep or a clock jump.

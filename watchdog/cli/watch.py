@@ -92,7 +92,7 @@ def _result_json(r: CheckResult) -> dict[str, Any]:
         "state": r.verdict.state,
         "reason": r.verdict.reason,
         "exit_code": r.verdict.exit_code,
-        "evidence": r.verdict.evidence,
+        "evidence": r.verdict.evidence.to_json(),
     }
 
 
@@ -104,7 +104,7 @@ def _print_result(r: CheckResult) -> None:
         f"[bold]{r.server.name}[/bold] {r.server.url}  [{STATE_STYLE[v.state]}]{v.state.upper()}[/]"
     )
     out.print(escape(v.reason), soft_wrap=True)
-    e = v.evidence
+    e = v.evidence.to_json()
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="dim")
     table.add_column()
@@ -147,6 +147,9 @@ def run(config_path: Path | None) -> None:
     SIGTERM or SIGINT stop it (a managed process server is stopped too); SIGHUP reloads the
     config, keeping the running one if the new one is bad.
     """
+    # httpx imports its own command line (click, rich, pygments) with itself: about 5 MiB of a
+    # long-running process that never uses it. Blocked before httpx is first imported.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     from mlx_watchdog.serve.daemon import Daemon
 
     setup_logging()

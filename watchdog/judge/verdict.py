@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.states import EXIT_CODES, State
 from mlx_watchdog.sense.evidence import ProcessEvidence
-from mlx_watchdog.sense.probe import DEAD_FINDINGS, DOWN_FINDINGS, OK, ModelsCheck, ProbeSnapshot
+from mlx_watchdog.sense.findings import (
+    DEAD_FINDINGS,
+    DOWN_FINDINGS,
+    OK,
+    ModelsCheck,
+    ProbeSnapshot,
+)
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class Observation:
 class Verdict:
     state: State
     reason: str
-    evidence: dict[str, Any]
+    evidence: Evidence
 
     @property
     def exit_code(self) -> int:
@@ -118,36 +125,78 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
     return State.BUSY, f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}"
 
 
-def evidence(obs: Observation, now: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Evidence:
+    """What a verdict was judged from: shown by `status`, alerts and history. Times in seconds."""
+
+    waited_s: float | None = None  # how long the probe has waited (None: no probe yet)
+    ttft_s: float | None = None
+    bytes: int = 0
+    tokens: int = 0
+    keepalives: int = 0
+    http_status: int | None = None
+    probe_finding: str = "waiting"
+    probe_detail: str = ""
+    phases: Mapping[str, float | None] = field(default_factory=dict)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    models_status: int | None = None
+    models_ok: bool | None = None
+    models_finding: str | None = None
+    pid: int | None = None
+    cmdline_matches: bool | None = None
+    process_age_s: float | None = None
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    abandoned_connections: int | None = None
+    live_connections: int | None = None
+    oldest_abandoned_s: float | None = None
+    gave_up_after_s: tuple[float, ...] = ()  # how long each departed client had waited
+    process_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["gave_up_after_s"] = list(self.gave_up_after_s)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Evidence:
+        """From a stored document; keys it does not know (or lacks) are left out."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in doc.items() if k in known}
+        if "gave_up_after_s" in values:
+            values["gave_up_after_s"] = tuple(values["gave_up_after_s"] or ())
+        return cls(**values)
+
+
+def evidence(obs: Observation, now: float) -> Evidence:
     probe, proc, models = obs.probe, obs.process, obs.models
-    oldest = proc.oldest_abandoned(now)
-    age = proc.age(now)
-    return {
-        "ttft_s": _r(probe.ttft),
-        "waited_s": _r(probe.waited(now)),
-        "bytes": probe.bytes,
-        "tokens": probe.tokens,
-        "keepalives": probe.keepalives,
-        "http_status": probe.status,
-        "probe_finding": probe.finding or "waiting",
-        "probe_detail": probe.detail,
-        "phases": probe.phases(),
-        "prompt_tokens": probe.prompt_tokens,
-        "cached_tokens": probe.cached_tokens,
-        "models_status": models.status if models else None,
-        "models_ok": models.ok if models else None,
-        "models_finding": models.finding if models else None,
-        "pid": proc.pid,
-        "cmdline_matches": proc.matches,
-        "process_age_s": _r(age),
-        "cpu_percent": _r(proc.cpu_percent),
-        "rss_bytes": proc.rss_bytes,
-        "abandoned_connections": proc.abandoned,
-        "live_connections": proc.live,
-        "oldest_abandoned_s": _r(oldest),
-        "gave_up_after_s": proc.gave_up_after(),
-        "process_error": proc.error or None,
-    }
+    return Evidence(
+        ttft_s=_r(probe.ttft),
+        waited_s=_r(probe.waited(now)),
+        bytes=probe.bytes,
+        tokens=probe.tokens,
+        keepalives=probe.keepalives,
+        http_status=probe.status,
+        probe_finding=probe.finding or "waiting",
+        probe_detail=probe.detail,
+        phases=probe.phases(),
+        prompt_tokens=probe.prompt_tokens,
+        cached_tokens=probe.cached_tokens,
+        models_status=models.status if models else None,
+        models_ok=models.ok if models else None,
+        models_finding=models.finding if models else None,
+        pid=proc.pid,
+        cmdline_matches=proc.matches,
+        process_age_s=_r(proc.age(now)),
+        cpu_percent=_r(proc.cpu_percent),
+        rss_bytes=proc.rss_bytes,
+        abandoned_connections=proc.abandoned,
+        live_connections=proc.live,
+        oldest_abandoned_s=_r(proc.oldest_abandoned(now)),
+        gave_up_after_s=tuple(proc.gave_up_after()),
+        process_error=proc.error or None,
+    )
 
 
 def _models_note(models: ModelsCheck | None) -> str:

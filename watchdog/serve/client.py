@@ -6,18 +6,19 @@ The daemon writes its endpoint's address to `state_dir/daemon.json` and the bear
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
-from mlx_watchdog.serve.endpoint import DAEMON_FILE, TOKEN_FILE
 
 TIMEOUT = 5.0
+TOKEN_FILE = "api-token"
+DAEMON_FILE = "daemon.json"  # where the running daemon's endpoint is, for the CLI
 
 
 class DaemonNotRunning(Exception):
@@ -55,18 +56,25 @@ def _alive(pid: int) -> bool:
 def _request(
     url: str, method: str, path: str, headers: dict[str, str] | None = None
 ) -> tuple[int, bytes]:
-    """One request to the daemon's own endpoint (plain HTTP on this machine). The standard
-    library's client keeps `status` quick to start: httpx alone takes longer to import."""
+    """One HTTP/1.0 request to the daemon's own endpoint on this machine, on a bare socket: the
+    standard library's HTTP clients import the email package, and `status` is run often."""
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=TIMEOUT)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    lines = [f"{method} {path} HTTP/1.0", f"Host: {parts.netloc}", "Content-Length: 0"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     try:
-        conn.request(method, path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, response.read()
-    except (OSError, http.client.HTTPException) as exc:
+        with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    except OSError as exc:
         raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
-    finally:
-        conn.close()
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        raise DaemonNotRunning(f"the watchdog at {url} sent no HTTP answer")
+    return int(status_line[1]), body
 
 
 def live_status(state_dir: Path) -> dict[str, Any]:

@@ -1,12 +1,12 @@
-"""The daemon: one APScheduler job per server, transitions, triggers, signals and reloads.
+"""The daemon: one scheduled job per server, transitions, triggers, signals and reloads.
 
-Signal handlers only set a flag; a control thread does the work (stop the scheduler, reload
-the config), so nothing heavy ever runs inside a handler.
+Signal handlers only set a flag; the main loop does the work (stop, reload the config), so
+nothing heavy ever runs inside a handler.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
 import os
@@ -14,14 +14,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.jobstores.base import JobLookupError
-from apscheduler.schedulers.blocking import BlockingScheduler
 
 from mlx_watchdog import __version__
 from mlx_watchdog.act.heal import Healer, OpenIncident, Watch
@@ -36,11 +31,13 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
-from mlx_watchdog.serve.endpoint import DAEMON_FILE, TOKEN_FILE, ensure_token
+from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
+from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
 from mlx_watchdog.serve.logs import own_log, rotate
 from mlx_watchdog.serve.metrics import Metrics
-from mlx_watchdog.serve.status import describe
+from mlx_watchdog.serve.schedule import Job, Schedule
+from mlx_watchdog.serve.status import TTFT_WINDOW, Held, describe, restart_span
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -92,7 +89,8 @@ class Daemon:
         self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
         self.watches: dict[str, Watch] = {}
-        self.scheduler: BlockingScheduler | None = None
+        self.schedule = Schedule()
+        self._running = False
         for server in config.servers:
             self.watches[server.name] = self._watch(server)
 
@@ -109,7 +107,9 @@ class Daemon:
         now = self.clock()
         incident = self.store.open_incident_for(server.name)
         if incident is not None:
-            w.incident = OpenIncident(incident.began_at, incident.id)
+            w.incident = OpenIncident(incident.began_at, incident.state, incident.id)
+        w.ttfts.extend(self.store.ttfts(server.name, now - TTFT_WINDOW))
+        w.last_token_at = self.store.last_token_at(server.name)
         w.needs_person = self.store.held(server.name)
         for r in self.store.interrupt_unfinished(server.name, now):
             self.healer.emit(
@@ -132,11 +132,21 @@ class Daemon:
             w.checker.start().wait(min(server.probe.slow_after, self.config.watchdog.interval / 2))
         verdict = w.checker.judge(w.manager.pid(), fresh_since=w.fresh_since)
         if verdict is not None:
-            self.store.record_probe(name, self.clock(), verdict.state, verdict.reason, verdict.evidence)
+            self.store.record_probe(
+                name, self.clock(), verdict.state, verdict.reason, verdict.evidence.to_json()
+            )
             self.metrics.observe(name, verdict)
+            self._keep_ttft(w, verdict)
             self._transition(w, verdict)
         w.last_tick = (self.clock(), self.monotonic())
         return w.verdict
+
+    def _keep_ttft(self, w: Watch, v: Verdict) -> None:
+        now = self.clock()
+        if v.evidence.ttft_s is not None:
+            w.ttfts.append((now, v.evidence.ttft_s))
+        while w.ttfts and w.ttfts[0][0] < now - TTFT_WINDOW:
+            w.ttfts.popleft()
 
     def _notice_jump(self, w: Watch) -> None:
         """A Mac that slept, a clock step or a suspended watchdog: judge afresh after it.
@@ -182,10 +192,10 @@ class Daemon:
         advice = self._advice(w, v)
         if w.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
-            began = now - float(v.evidence.get("waited_s") or 0.0)
-            w.incident = OpenIncident(began)
+            began = now - (v.evidence.waited_s or 0.0)
+            w.incident = OpenIncident(began, v.state)
             w.incident.id = self.store.open_incident(
-                w.server.name, now, v.state, v.reason, v.evidence, began_at=began
+                w.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
             )
             if advice:
                 self.store.set_advice(w.incident.id, advice)
@@ -216,14 +226,13 @@ class Daemon:
             servers.append(
                 describe(
                     w.server,
-                    self.store,
                     now,
+                    self._held(w, now),
                     state=v.state if v else None,
                     reason=v.reason if v else "no verdict yet",
                     at=w.judged_at,
-                    evidence=v.evidence if v else {},
+                    evidence=v.evidence if v else None,
                     since=w.state_since,
-                    last_token_at=w.last_token_at,
                     draining=w.draining,
                     restarting=w.restarting,
                 )
@@ -241,19 +250,30 @@ class Daemon:
             "servers": servers,
         }
 
+    def _held(self, w: Watch, now: float) -> Held:
+        since = now - restart_span(w.server)
+        incident = w.incident
+        return Held(
+            ttfts=[t for at, t in list(w.ttfts) if at >= now - TTFT_WINDOW],
+            restarts=[r.at for r in self.store.restarts(w.server.name, since)],
+            incident=None
+            if incident is None
+            else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
+            needs_person=w.needs_person,
+            last_token_at=w.last_token_at,
+        )
+
     def prometheus(self) -> tuple[bytes, str]:
         return self.metrics.exposition()
 
     def act(self, name: str, action: str) -> str:
         w = self.watches[name]  # KeyError: no such server
         w.requests.append(action)
-        if self.scheduler is not None and self.scheduler.running:
-            with contextlib.suppress(JobLookupError):
-                self.scheduler.modify_job(name, next_run_time=datetime.now(UTC))
+        self.schedule.wake(name)
         return f"{action} of {name} queued; it runs at the server's next tick"
 
     def _advice(self, w: Watch, v: Verdict) -> str | None:
-        waits = v.evidence.get("gave_up_after_s") or []
+        waits = list(v.evidence.gave_up_after_s)
         told = w.incident.advised_waits if w.incident else []
         if not waits or waits == told:
             return None
@@ -290,32 +310,15 @@ class Daemon:
                 log.error("cannot rotate %s: %s", path, exc.strerror or exc)
 
     def _schedule(self) -> None:
-        assert self.scheduler is not None
-        for job in self.scheduler.get_jobs():
-            job.remove()
-        now = datetime.now(UTC)
-        self.scheduler.add_job(
-            self.rotate_logs, "interval", id="logs", seconds=LOG_CHECK, coalesce=True
-        )
-        for name in self.watches:
-            self.scheduler.add_job(
-                self._job,
-                "interval",
-                args=[name],
-                id=name,
-                seconds=self.config.watchdog.interval,
-                next_run_time=now,
-                coalesce=True,
-                max_instances=1,
-                misfire_grace_time=None,
-            )
+        interval = self.config.watchdog.interval
+        jobs = [Job(name, interval, functools.partial(self._job, name)) for name in self.watches]
+        self.schedule.replace([Job("logs", LOG_CHECK, self.rotate_logs), *jobs])
 
     def run(self, *, install_signals: bool = True) -> int:
-        """Run in the foreground until SIGTERM/SIGINT (or `stop()`); SIGHUP reloads."""
-        logging.getLogger("apscheduler").setLevel(logging.ERROR)
-        self.scheduler = BlockingScheduler(
-            executors={"default": ThreadPoolExecutor(max(4, 2 * len(self.watches)))}
-        )
+        """Run in the foreground until SIGTERM/SIGINT (or `stop()`); SIGHUP reloads.
+
+        The signal handlers only set flags; this loop, on the main thread, does the work.
+        """
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
@@ -323,13 +326,18 @@ class Daemon:
         for w in self.watches.values():
             w.manager.start()
         self._serve_endpoint()
+        self._running = True
         self._schedule()
-        control = threading.Thread(target=self._control, name="control", daemon=True)
-        control.start()
         log.info("watching %s every %gs", ", ".join(self.watches), self.config.watchdog.interval)
         try:
-            self.scheduler.start()
+            while not self._stop.is_set():
+                if self._wake.wait(1.0):
+                    self._wake.clear()
+                if self._reload.is_set() and not self._stop.is_set():
+                    self._reload.clear()
+                    self.reload()
         finally:
+            self.schedule.stop()
             self._finish()
         return 0
 
@@ -340,18 +348,6 @@ class Daemon:
     def request_reload(self) -> None:
         self._reload.set()
         self._wake.set()
-
-    def _control(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set():
-                assert self.scheduler is not None
-                self.scheduler.shutdown(wait=False)
-                return
-            if self._reload.is_set():
-                self._reload.clear()
-                self.reload()
 
     def reload(self) -> bool:
         try:
@@ -371,7 +367,7 @@ class Daemon:
                 self.watches[name] = self._watch(server)
                 self.watches[name].manager.start()
         self.config = new
-        if self.scheduler is not None:
+        if self._running:
             self._schedule()
         log.info("config reloaded: watching %s", ", ".join(self.watches))
         return True
@@ -439,4 +435,4 @@ def _brief(v: Verdict) -> dict[str, object]:
         "models_status",
         "pid",
     )
-    return {k: v.evidence.get(k) for k in keys}
+    return {k: getattr(v.evidence, k) for k in keys}

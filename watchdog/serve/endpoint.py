@@ -23,8 +23,6 @@ from typing import Any, Protocol
 log = logging.getLogger("mlx_watchdog")
 
 ACTIONS = ("restart", "drain", "undrain")
-TOKEN_FILE = "api-token"
-DAEMON_FILE = "daemon.json"  # where the running daemon's endpoint is, for the CLI
 
 
 class Backend(Protocol):

@@ -54,7 +54,7 @@ class Metrics:
 
     def observe(self, server: str, verdict: Verdict) -> None:
         self.probes.labels(server, verdict.state).inc()
-        ttft = verdict.evidence.get("ttft_s")
+        ttft = verdict.evidence.ttft_s
         if ttft is not None:
             self.ttft.labels(server).observe(float(ttft))
 

@@ -1,7 +1,8 @@
 """One status document per server: what `/status`, `/healthz`, `/metrics` and `status` show.
 
-The daemon builds it from what it holds; `mlx-watchdog status` without a running daemon builds
-the same document from the history database, so both print alike.
+The daemon builds it from what it holds in memory (one query per server, for the restarts);
+`mlx-watchdog status` without a running daemon builds the same document from the history
+database, so both print alike.
 """
 
 from __future__ import annotations
@@ -9,36 +10,49 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import decide
 from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT
+from mlx_watchdog.judge.verdict import Evidence
 from mlx_watchdog.record.store import Store
 
 TTFT_WINDOW = 3600.0
 RESTART_WINDOW = 86400.0
 
 
+@dataclass(frozen=True)
+class Held:
+    """What a status document needs besides the verdict: the daemon holds it in memory, the
+    history database holds it when no daemon runs."""
+
+    ttfts: Sequence[float] = ()  # of the last TTFT_WINDOW
+    restarts: Sequence[float] = ()  # when, over the longer of a day and the budget's window
+    incident: dict[str, Any] | None = None  # id, state, began_at
+    needs_person: str | None = None
+    last_token_at: float | None = None
+
+
 def describe(
     server: ServerConfig,
-    store: Store,
     now: float,
+    held: Held,
     *,
     state: str | None,
     reason: str,
     at: float | None,
-    evidence: dict[str, Any],
+    evidence: Evidence | None,
     since: float | None = None,
-    last_token_at: float | None = None,
     draining: bool = False,
     restarting: bool = False,
 ) -> dict[str, Any]:
-    ttfts = sorted(store.ttfts(server.name, now - TTFT_WINDOW))
-    restarts = store.restarts(server.name, now - max(RESTART_WINDOW, server.restart.window))
-    budget = decide(server.restart, [r.at for r in restarts], now)
-    incident = store.open_incident_for(server.name)
+    ttfts = sorted(held.ttfts)
+    budget = decide(server.restart, held.restarts, now)
     serving = state in SERVING_STATES and not draining and not restarting
+    e = evidence or Evidence()
     return {
         "name": server.name,
         "url": server.url,
@@ -51,37 +65,50 @@ def describe(
         "state_since": since,
         "draining": draining,
         "restarting": restarting,
-        "needs_person": store.held(server.name),
-        "last_token_at": last_token_at or store.last_token_at(server.name),
+        "needs_person": held.needs_person,
+        "last_token_at": held.last_token_at,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "ttft_p95_s": ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
         "ttft_samples": len(ttfts),
-        "restarts_24h": sum(1 for r in restarts if r.at >= now - RESTART_WINDOW),
+        "restarts_24h": sum(1 for r in held.restarts if r >= now - RESTART_WINDOW),
         "budget_left": budget.left,
-        "pid": evidence.get("pid"),
-        "rss_bytes": evidence.get("rss_bytes"),
-        "cpu_percent": evidence.get("cpu_percent"),
-        "abandoned_connections": evidence.get("abandoned_connections"),
-        "live_connections": evidence.get("live_connections"),
-        "incident": None
-        if incident is None
-        else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
+        "pid": e.pid,
+        "rss_bytes": e.rss_bytes,
+        "cpu_percent": e.cpu_percent,
+        "abandoned_connections": e.abandoned_connections,
+        "live_connections": e.live_connections,
+        "incident": held.incident,
     }
+
+
+def restart_span(server: ServerConfig) -> float:
+    """How far back the restarts a status document counts go."""
+    return max(RESTART_WINDOW, server.restart.window)
 
 
 def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, Any]:
     """The document as the last recorded probe left it (the daemon is not running)."""
+    incident = store.open_incident_for(server.name)
+    held = Held(
+        ttfts=[t for _, t in store.ttfts(server.name, now - TTFT_WINDOW)],
+        restarts=[r.at for r in store.restarts(server.name, now - restart_span(server))],
+        incident=None
+        if incident is None
+        else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
+        needs_person=store.held(server.name),
+        last_token_at=store.last_token_at(server.name),
+    )
     row = store.last_probe(server.name)
     if row is None:
         return describe(
-            server, store, now, state=None, reason="no probe recorded yet", at=None, evidence={}
+            server, now, held, state=None, reason="no probe recorded yet", at=None, evidence=None
         )
     return describe(
         server,
-        store,
         now,
+        held,
         state=row["state"],
         reason=row["reason"],
         at=row["at"],
-        evidence=json.loads(row["evidence"]),
+        evidence=Evidence.from_json(json.loads(row["evidence"])),
     )
