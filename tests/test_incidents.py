@@ -239,3 +239,24 @@ def test_the_owned_child_that_exits_is_named_by_how_it_ended(tmp_path: Path) -> 
     assert manager.exited() == "was killed by SIGKILL" and manager.pid() is None
     manager.stop()  # reaps it; an exit the watchdog caused itself is not a crash
     assert manager.exited() is None and not psutil.pid_exists(pid)
+
+
+# -- the incident phases: every move is in the table, nothing else moves ---------------------
+
+
+def test_every_phase_is_reachable_and_left_and_illegal_moves_are_refused(tmp_path: Path) -> None:
+    from mlx_watchdog.act.heal import TRANSITIONS, Phase
+
+    assert {a for a, _ in TRANSITIONS} == set(Phase) == {b for _, b in TRANSITIONS}
+    assert (Phase.NORMAL, Phase.HELD) not in TRANSITIONS  # a hold follows a failing incident
+    assert (Phase.HELD, Phase.FAILING) not in TRANSITIONS  # only a token or a person ends it
+    daemon = Daemon(parse_config({"watchdog": {"state_dir": str(tmp_path)}}))
+    try:
+        w = next(iter(daemon.watches.values()))
+        with pytest.raises(AssertionError, match="no budget_spent move normal -> held"):
+            daemon.healer.transition(w, Phase.HELD, "budget_spent", "spent")
+        assert w.phase is Phase.NORMAL and daemon.store.events() == []
+        daemon.healer.transition(w, Phase.RESTARTING, "restarting", "a person asked")
+        assert w.restarting and [e["kind"] for e in daemon.store.events()] == ["restarting"]
+    finally:
+        daemon.store.close()

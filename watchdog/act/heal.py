@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from mlx_watchdog.act.managers import (
     Manager,
@@ -36,6 +37,37 @@ log = logging.getLogger("mlx_watchdog")
 RETRY_PAUSE = 0.5
 
 
+class Phase(StrEnum):
+    """Where a server stands in the incident cycle (the states of Supervisor's process model)."""
+
+    NORMAL = "normal"  # no incident open
+    FAILING = "failing"  # an incident is open and no restart is running
+    RESTARTING = "restarting"  # the manager is replacing the server
+    HELD = "held"  # the restart budget is spent: a person is needed; probing goes on
+
+
+# Each allowed move, and the events it may fire: the one place incident events come from.
+TRANSITIONS: dict[tuple[Phase, Phase], frozenset[str]] = {
+    # A wedged, dead or down verdict opens an incident.
+    (Phase.NORMAL, Phase.FAILING): frozenset({"detected"}),
+    # A trigger the budget allows; or a person's restart, held or not, incident or not.
+    (Phase.FAILING, Phase.RESTARTING): frozenset({"restarting"}),
+    (Phase.HELD, Phase.RESTARTING): frozenset({"restarting"}),
+    (Phase.NORMAL, Phase.RESTARTING): frozenset({"restarting"}),
+    # A token after the restart; or a person's restart of a server with no incident open,
+    # whatever its end (a server that does not serve afterwards gets its incident next tick).
+    (Phase.RESTARTING, Phase.NORMAL): frozenset({"recovered", "", "restart_failed", "interrupted"}),
+    # No token by startup_grace, a manager that failed, or the watchdog stopping meanwhile.
+    (Phase.RESTARTING, Phase.FAILING): frozenset({"restart_failed", "interrupted"}),
+    (Phase.RESTARTING, Phase.HELD): frozenset({"restart_failed", "interrupted"}),
+    # The budget is spent: nothing more is tried until a person acts or the server serves.
+    (Phase.FAILING, Phase.HELD): frozenset({"budget_spent"}),
+    # A token without a restart: it recovered by itself, which also ends a hold.
+    (Phase.FAILING, Phase.NORMAL): frozenset({"recovered"}),
+    (Phase.HELD, Phase.NORMAL): frozenset({"recovered", ""}),
+}
+
+
 @dataclass
 class OpenIncident:
     """An incident lives here, in memory; its history row is optional (a locked or lost
@@ -58,10 +90,10 @@ class Watch:
     checker: Checker
     verdict: Verdict | None = None
     streak: Streak = field(default_factory=Streak)
+    phase: Phase = Phase.NORMAL
     incident: OpenIncident | None = None
-    needs_person: str | None = None
+    needs_person: str | None = None  # why, while the phase is HELD
     draining: bool = False
-    restarting: bool = False
     last_token_at: float | None = None
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
     state_since: float | None = None
@@ -76,6 +108,10 @@ class Watch:
     @property
     def inspector(self) -> Inspector:
         return self.checker.inspector
+
+    @property
+    def restarting(self) -> bool:
+        return self.phase is Phase.RESTARTING
 
 
 class Healer:
@@ -100,7 +136,17 @@ class Healer:
         self.stopping = stopping
         self.on_event = on_event
 
+    def transition(self, w: Watch, to: Phase, kind: str, message: str, **data: object) -> None:
+        """Move the server to `to` and fire the event of that move (none for "")."""
+        allowed = TRANSITIONS.get((w.phase, to), frozenset())
+        if kind not in allowed:
+            raise AssertionError(f"{w.server.name}: no {kind or 'silent'} move {w.phase} -> {to}")
+        w.phase = to
+        if kind:
+            self.emit(w, kind, message, **data)
+
     def emit(self, w: Watch, kind: str, message: str, **data: object) -> None:
+        """Record, log and send one event; incident events come through `transition`."""
         now = self.clock()
         state = w.verdict.state if w.verdict else None
         log.log(
@@ -147,9 +193,9 @@ class Healer:
         w.checker.abort()  # its server is about to be replaced
         started = self.clock()
         rid = self.store.start_restart(server.name, started, trigger)
-        w.restarting = True
-        self.emit(
+        self.transition(
             w,
+            Phase.RESTARTING,
             "restarting",
             f"restarting through {w.manager.kind} ({reason})",
             trigger=trigger,
@@ -162,7 +208,6 @@ class Healer:
                 outcome = Outcome(False, str(exc))
             served_at = self._await_token(w) if outcome.ok else None
         finally:
-            w.restarting = False
             if drained_here:
                 self.undrain(w)
         done = self.clock()
@@ -182,8 +227,13 @@ class Healer:
         if served_at is not None:
             self.recovered(w, served_at, recover_s=served_at - started, how="restarted")
             return True
+        back = (
+            Phase.HELD
+            if w.needs_person is not None
+            else (Phase.FAILING if w.incident is not None else Phase.NORMAL)
+        )
         if result == "interrupted":
-            self.emit(w, "interrupted", "the watchdog stopped during the restart")
+            self.transition(w, back, "interrupted", "the watchdog stopped during the restart")
         else:
             exited = w.manager.exited()
             if not outcome.ok:
@@ -192,7 +242,7 @@ class Healer:
                 why = f"the server {exited} before it served"
             else:
                 why = f"no token within startup_grace ({server.probe.startup_grace:g}s)"
-            self.emit(w, "restart_failed", why, steps=list(outcome.steps))
+            self.transition(w, back, "restart_failed", why, steps=list(outcome.steps))
         return False
 
     def _budget_allows(self, w: Watch, now: float) -> bool:
@@ -205,8 +255,9 @@ class Healer:
                     f"{decision.used} restarts in the last {server.restart.window:g}s did not help"
                 )
                 self.store.hold(server.name, now, w.needs_person)
-                self.emit(
+                self.transition(
                     w,
+                    Phase.HELD,
                     "budget_spent",
                     f"{w.needs_person}; a person is needed "
                     f"(still probing; a healthy probe ends the hold)",
@@ -221,6 +272,17 @@ class Healer:
             return False
         return True
 
+    def detected(self, w: Watch, v: Verdict, began: float, advice: str | None) -> None:
+        """Open the incident: in memory always, in the history when it can be written."""
+        w.incident = OpenIncident(began, v.state)
+        w.incident.id = self.store.open_incident(
+            w.server.name, self.clock(), v.state, v.reason, v.evidence.to_json(), began_at=began
+        )
+        if advice:
+            self.store.set_advice(w.incident.id, advice)
+        message = f"{v.reason}. {advice}" if advice else v.reason
+        self.transition(w, Phase.FAILING, "detected", message, advice=advice, **_brief(v))
+
     def recovered(self, w: Watch, at: float, *, recover_s: float | None, how: str) -> None:
         w.streak = Streak()
         w.refused_said = False
@@ -228,22 +290,25 @@ class Healer:
         if w.needs_person is not None:
             self.store.release(w.server.name)
             w.needs_person = None
-        if w.incident is None:
+        incident, w.incident = w.incident, None
+        if incident is None:
+            if w.phase is not Phase.NORMAL:
+                self.transition(w, Phase.NORMAL, "", "")
             return
-        outage = at - w.incident.began_at
-        if w.incident.id is not None:
-            self.store.close_incident(w.incident.id, at, how, recover_s)
+        outage = at - incident.began_at
+        if incident.id is not None:
+            self.store.close_incident(incident.id, at, how, recover_s)
         timing = f"outage {outage:.1f} s" + (
             f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
         )
-        self.emit(
+        self.transition(
             w,
+            Phase.NORMAL,
             "recovered",
             f"serving again ({how}); {timing}",
             outage_s=round(outage, 3),
             recover_s=None if recover_s is None else round(recover_s, 3),
         )
-        w.incident = None
 
     def _await_token(self, w: Watch) -> float | None:
         """Probe until a token comes (also warming the prompt cache) or startup_grace ends;
@@ -299,3 +364,17 @@ class Healer:
             if code != 0:
                 log.error("%s undrain_command exited %d: %s", w.server.name, code, out[-200:])
         w.draining = False
+
+
+def _brief(v: Verdict) -> dict[str, object]:
+    keys = (
+        "waited_s",
+        "bytes",
+        "tokens",
+        "abandoned_connections",
+        "live_connections",
+        "cpu_percent",
+        "models_status",
+        "pid",
+    )
+    return {k: getattr(v.evidence, k) for k in keys}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_watchdog import __version__
-from mlx_watchdog.act.heal import Healer, OpenIncident, Watch
+from mlx_watchdog.act.heal import Healer, OpenIncident, Phase, Watch
 from mlx_watchdog.act.managers import System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.judge import triggers
@@ -111,6 +111,10 @@ class Daemon:
         w.ttfts.extend(self.store.ttfts(server.name, now - TTFT_WINDOW))
         w.last_token_at = self.store.last_token_at(server.name)
         w.needs_person = self.store.held(server.name)
+        if w.needs_person is not None:
+            w.phase = Phase.HELD  # held by a watchdog before this one: still a person's to end
+        elif w.incident is not None:
+            w.phase = Phase.FAILING
         for r in self.store.interrupt_unfinished(server.name, now):
             self.healer.emit(
                 w,
@@ -192,15 +196,7 @@ class Daemon:
         advice = self._advice(w, v)
         if w.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
-            began = now - (v.evidence.waited_s or 0.0)
-            w.incident = OpenIncident(began, v.state)
-            w.incident.id = self.store.open_incident(
-                w.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
-            )
-            if advice:
-                self.store.set_advice(w.incident.id, advice)
-            message = f"{v.reason}. {advice}" if advice else v.reason
-            self.healer.emit(w, "detected", message, advice=advice, **_brief(v))
+            self.healer.detected(w, v, now - (v.evidence.waited_s or 0.0), advice)
         elif advice:
             self.store.set_advice(w.incident.id, advice)  # more clients may have given up since
         if trigger is not None:
@@ -423,16 +419,3 @@ class Daemon:
                 self._active_cv.wait(deadline - time.monotonic())
             return not self._active
 
-
-def _brief(v: Verdict) -> dict[str, object]:
-    keys = (
-        "waited_s",
-        "bytes",
-        "tokens",
-        "abandoned_connections",
-        "live_connections",
-        "cpu_percent",
-        "models_status",
-        "pid",
-    )
-    return {k: getattr(v.evidence, k) for k in keys}
