@@ -131,7 +131,7 @@ def test_a_patient_client_is_not_restarted(
     until(lambda: state(t) == "healthy", 30, "healthy again")
     assert t.daemon.store.restarts("tiny", 0.0) == []
     assert t.daemon.store.incidents(0.0) == []
-    states = {row["state"] for row in t.daemon.store.probes("tiny", 0.0)}
+    states = {row.state for row in t.daemon.store.probes("tiny", 0.0)}
     assert "busy" in states and not states & {"wedged", "dead", "down"}
 
 
@@ -165,7 +165,7 @@ def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
     until(lambda: state(t) == "healthy", 30, "healthy again")
     assert t.daemon.store.restarts("tiny", 0.0) == []
     assert t.daemon.store.incidents(0.0) == []
-    states = [row["state"] for row in t.daemon.store.probes("tiny", 0.0)]
+    states = [row.state for row in t.daemon.store.probes("tiny", 0.0)]
     assert "busy" in states and not set(states) & {"wedged", "dead", "down"}
 
 

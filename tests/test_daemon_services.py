@@ -133,10 +133,10 @@ def test_a_pid_that_is_not_the_server_is_never_signalled(
     )  # the job runs badserver.py, not mlx_lm
     t = run_daemon(Daemon(cfg))
     store = t.daemon.store
-    until(lambda: any(e["kind"] == "refused" for e in store.events()), 30, "the refusal")
+    until(lambda: any(e.kind == "refused" for e in store.events()), 30, "the refusal")
     t.daemon.alerter.flush()
-    (refused,) = [e for e in store.events() if e["kind"] == "refused"]
-    assert f"PID {pid}" in refused["message"] and 'match = "mlx_lm"' in refused["message"]
+    (refused,) = [e for e in store.events() if e.kind == "refused"]
+    assert f"PID {pid}" in refused.message and 'match = "mlx_lm"' in refused.message
     assert receiver.titles() == ["svc is wedged", "refused to signal svc"]
     assert store.restarts("svc", 0.0) == []
     assert listener(port) == pid  # still the same process

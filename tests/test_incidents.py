@@ -257,6 +257,6 @@ def test_every_phase_is_reachable_and_left_and_illegal_moves_are_refused(tmp_pat
             daemon.healer.transition(w, Phase.HELD, "budget_spent", "spent")
         assert w.phase is Phase.NORMAL and daemon.store.events() == []
         daemon.healer.transition(w, Phase.RESTARTING, "restarting", "a person asked")
-        assert w.restarting and [e["kind"] for e in daemon.store.events()] == ["restarting"]
+        assert w.restarting and [e.kind for e in daemon.store.events()] == ["restarting"]
     finally:
         daemon.store.close()

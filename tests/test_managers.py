@@ -163,7 +163,7 @@ def test_identity_refuses_a_pid_that_is_not_the_server(
         before = len(fake_services.calls())
         assert Healer(store, alerter).heal(w, "wedged", "wedged: test") is False
         assert not any(c[1] == "kickstart" for c in fake_services.calls()[before:])
-        assert [e["kind"] for e in store.events()] == ["refused"]
+        assert [e.kind for e in store.events()] == ["refused"]
         assert store.restarts("s", 0.0) == []
         assert listening(job_port) == job_pid and other.is_running()
     finally:

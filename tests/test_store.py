@@ -123,7 +123,7 @@ def test_locked_database_skips_the_write(tmp_path: Path) -> None:
         other.execute("ROLLBACK")
         other.close()
     store.add_event("a", 2.0, "detected", "m", {})
-    assert [e["at"] for e in store.events()] == [2.0]
+    assert [e.at for e in store.events()] == [2.0]
 
 
 def test_probe_retention_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,4 +134,4 @@ def test_probe_retention_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for i in range(1000):
         store.record_probe("a", float(i), "healthy", "ok", {"ttft_s": 0.04})
     kept = store.probes("a", 0.0)
-    assert 100 <= len(kept) <= 600 and kept[-1]["at"] == 999.0
+    assert 100 <= len(kept) <= 600 and kept[-1].at == 999.0

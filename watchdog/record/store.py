@@ -84,6 +84,28 @@ class Incident:
 
 
 @dataclass(frozen=True)
+class ProbeRecord:
+    id: int
+    server: str
+    at: float
+    state: str
+    reason: str
+    ttft_s: float | None
+    waited_s: float | None
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    server: str
+    at: float
+    kind: str
+    message: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Restart:
     id: int
     server: str
@@ -120,7 +142,9 @@ class Store:
             return self._fall_back(exc)
 
     def _connect(self, where: str) -> sqlite3.Connection:
-        db = sqlite3.connect(where, timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None)
+        db = sqlite3.connect(
+            where, timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None
+        )
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
@@ -211,6 +235,26 @@ class Store:
             db.execute("ROLLBACK")
             raise
 
+    def _write(
+        self,
+        sql: str,
+        args: Sequence[Any] = (),
+        *,
+        then: str | None = None,
+        then_args: Sequence[Any] = (),
+    ) -> int | None:
+        """Every write: one statement (and an optional second) in one transaction, guarded.
+        The new row's id, or None when the write was skipped."""
+
+        def work(db: sqlite3.Connection) -> int:
+            with self._tx(db):
+                cur = db.execute(sql, args)
+                if then is not None:
+                    db.execute(then, then_args)
+                return int(cur.lastrowid or 0)
+
+        return self._guard(None, work)
+
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         empty: list[sqlite3.Row] = []
         return self._guard(empty, lambda db: db.execute(sql, args).fetchall())
@@ -225,36 +269,36 @@ class Store:
     def record_probe(
         self, server: str, at: float, state: str, reason: str, evidence: dict[str, Any]
     ) -> None:
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute(
-                    "INSERT INTO probes (server, at, state, reason, ttft_s, waited_s, evidence)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        server,
-                        at,
-                        state,
-                        reason,
-                        evidence.get("ttft_s"),
-                        evidence.get("waited_s"),
-                        json.dumps(evidence),
-                    ),
-                )
-                written = self._writes.get(server, 0) + 1
-                self._writes[server] = written % PRUNE_EVERY
-                if written >= PRUNE_EVERY:
-                    db.execute(
-                        "DELETE FROM probes WHERE server = ? AND id <= "
-                        "(SELECT id FROM probes WHERE server = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                        (server, server, PROBES_KEPT),
-                    )
+        written = self._writes.get(server, 0) + 1
+        prune = None
+        if written >= PRUNE_EVERY:
+            prune = (
+                "DELETE FROM probes WHERE server = ? AND id <= "
+                "(SELECT id FROM probes WHERE server = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
+            )
+        row = self._write(
+            "INSERT INTO probes (server, at, state, reason, ttft_s, waited_s, evidence)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                server,
+                at,
+                state,
+                reason,
+                evidence.get("ttft_s"),
+                evidence.get("waited_s"),
+                json.dumps(evidence),
+            ),
+            then=prune,
+            then_args=(server, server, PROBES_KEPT),
+        )
+        if row is not None:
+            self._writes[server] = written % PRUNE_EVERY
 
-        self._guard(None, work)
-
-    def probes(self, server: str, since: float) -> list[sqlite3.Row]:
-        return self._rows(
+    def probes(self, server: str, since: float) -> list[ProbeRecord]:
+        rows = self._rows(
             "SELECT * FROM probes WHERE server = ? AND at >= ? ORDER BY at", (server, since)
         )
+        return [_probe(r) for r in rows]
 
     def ttfts(self, server: str, since: float) -> list[tuple[float, float]]:
         """(when, time to first token) of the probes since then that got a token."""
@@ -265,11 +309,11 @@ class Store:
         )
         return [(float(r[0]), float(r[1])) for r in rows]
 
-    def last_probe(self, server: str) -> sqlite3.Row | None:
+    def last_probe(self, server: str) -> ProbeRecord | None:
         rows = self._rows(
             "SELECT * FROM probes WHERE server = ? ORDER BY at DESC LIMIT 1", (server,)
         )
-        return rows[0] if rows else None
+        return _probe(rows[0]) if rows else None
 
     def last_token_at(self, server: str) -> float | None:
         rows = self._rows(
@@ -289,54 +333,27 @@ class Store:
         *,
         began_at: float | None = None,
     ) -> int | None:
-        def work(db: sqlite3.Connection) -> int:
-            with self._tx(db):
-                cur = db.execute(
-                    "INSERT INTO incidents (server, opened_at, began_at, state, reason, evidence)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        server,
-                        at,
-                        at if began_at is None else began_at,
-                        state,
-                        reason,
-                        json.dumps(evidence),
-                    ),
-                )
-                return int(cur.lastrowid or 0)
-
-        return self._guard(None, work)
+        return self._write(
+            "INSERT INTO incidents (server, opened_at, began_at, state, reason, evidence)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (server, at, at if began_at is None else began_at, state, reason, json.dumps(evidence)),
+        )
 
     def add_action(self, incident: int | None, action: dict[str, Any]) -> None:
-        if incident is None:
-            return
-
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                row = db.execute(
-                    "SELECT actions FROM incidents WHERE id = ?", (incident,)
-                ).fetchone()
-                if row is not None:
-                    actions = [*json.loads(row[0]), action]
-                    db.execute(
-                        "UPDATE incidents SET actions = ? WHERE id = ?",
-                        (json.dumps(actions), incident),
-                    )
-
-        self._guard(None, work)
+        if incident is not None:
+            self._write(
+                "UPDATE incidents SET actions = json_insert(actions, '$[#]', json(?)) WHERE id = ?",
+                (json.dumps(action), incident),
+            )
 
     def close_incident(
         self, incident: int, at: float, outcome: str, recover_s: float | None
     ) -> None:
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute(
-                    "UPDATE incidents SET closed_at = ?, outcome = ?, recover_s = ?,"
-                    " outage_s = ? - COALESCE(began_at, opened_at) WHERE id = ? AND closed_at IS NULL",
-                    (at, outcome, recover_s, at, incident),
-                )
-
-        self._guard(None, work)
+        self._write(
+            "UPDATE incidents SET closed_at = ?, outcome = ?, recover_s = ?,"
+            " outage_s = ? - COALESCE(began_at, opened_at) WHERE id = ? AND closed_at IS NULL",
+            (at, outcome, recover_s, at, incident),
+        )
 
     def open_incident_for(self, server: str) -> Incident | None:
         rows = self._rows(
@@ -356,26 +373,16 @@ class Store:
         return [_incident(r) for r in rows]
 
     def set_advice(self, incident: int | None, advice: str) -> None:
-        if incident is None:
-            return
-
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute("UPDATE incidents SET advice = ? WHERE id = ?", (advice, incident))
-
-        self._guard(None, work)
+        if incident is not None:
+            self._write("UPDATE incidents SET advice = ? WHERE id = ?", (advice, incident))
 
     # -- calibrations -----------------------------------------------------------------------
 
     def save_calibration(self, server: str, at: float, doc: dict[str, Any]) -> None:
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute(
-                    "INSERT INTO calibrations (server, at, doc) VALUES (?, ?, ?)",
-                    (server, at, json.dumps(doc)),
-                )
-
-        self._guard(None, work)
+        self._write(
+            "INSERT INTO calibrations (server, at, doc) VALUES (?, ?, ?)",
+            (server, at, json.dumps(doc)),
+        )
 
     def last_calibration(self, server: str) -> dict[str, Any] | None:
         rows = self._rows(
@@ -388,47 +395,37 @@ class Store:
     def add_event(
         self, server: str, at: float, kind: str, message: str, data: dict[str, Any]
     ) -> None:
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute(
-                    "INSERT INTO events (server, at, kind, message, data) VALUES (?, ?, ?, ?, ?)",
-                    (server, at, kind, message, json.dumps(data)),
-                )
+        self._write(
+            "INSERT INTO events (server, at, kind, message, data) VALUES (?, ?, ?, ?, ?)",
+            (server, at, kind, message, json.dumps(data)),
+        )
 
-        self._guard(None, work)
-
-    def events(self, server: str | None = None) -> list[sqlite3.Row]:
+    def events(self, server: str | None = None) -> list[EventRecord]:
         if server is None:
-            return self._rows("SELECT * FROM events ORDER BY id")
-        return self._rows("SELECT * FROM events WHERE server = ? ORDER BY id", (server,))
+            rows = self._rows("SELECT * FROM events ORDER BY id")
+        else:
+            rows = self._rows("SELECT * FROM events WHERE server = ? ORDER BY id", (server,))
+        return [
+            EventRecord(
+                r["id"], r["server"], r["at"], r["kind"], r["message"], json.loads(r["data"])
+            )
+            for r in rows
+        ]
 
     # -- restarts and holds: what the budget is made of -------------------------------------
 
     def start_restart(self, server: str, at: float, trigger: str) -> int | None:
         """Written before the manager acts, so a watchdog killed mid-restart still counts it."""
-
-        def work(db: sqlite3.Connection) -> int:
-            with self._tx(db):
-                cur = db.execute(
-                    "INSERT INTO restarts (server, at, trigger) VALUES (?, ?, ?)",
-                    (server, at, trigger),
-                )
-                return int(cur.lastrowid or 0)
-
-        return self._guard(None, work)
+        return self._write(
+            "INSERT INTO restarts (server, at, trigger) VALUES (?, ?, ?)", (server, at, trigger)
+        )
 
     def finish_restart(self, restart: int | None, at: float, outcome: str) -> None:
-        if restart is None:
-            return
-
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute(
-                    "UPDATE restarts SET finished_at = ?, outcome = ? WHERE id = ?",
-                    (at, outcome, restart),
-                )
-
-        self._guard(None, work)
+        if restart is not None:
+            self._write(
+                "UPDATE restarts SET finished_at = ?, outcome = ? WHERE id = ?",
+                (at, outcome, restart),
+            )
 
     def interrupt_unfinished(self, server: str, at: float) -> list[Restart]:
         """Restarts a previous watchdog began and never finished: mark and return them."""
@@ -447,22 +444,27 @@ class Store:
         ]
 
     def hold(self, server: str, at: float, reason: str) -> None:
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?, ?)", (server, at, reason))
-
-        self._guard(None, work)
+        self._write("INSERT OR REPLACE INTO holds VALUES (?, ?, ?)", (server, at, reason))
 
     def release(self, server: str) -> None:
-        def work(db: sqlite3.Connection) -> None:
-            with self._tx(db):
-                db.execute("DELETE FROM holds WHERE server = ?", (server,))
-
-        self._guard(None, work)
+        self._write("DELETE FROM holds WHERE server = ?", (server,))
 
     def held(self, server: str) -> str | None:
         rows = self._rows("SELECT reason FROM holds WHERE server = ?", (server,))
         return str(rows[0][0]) if rows else None
+
+
+def _probe(row: sqlite3.Row) -> ProbeRecord:
+    return ProbeRecord(
+        id=row["id"],
+        server=row["server"],
+        at=row["at"],
+        state=row["state"],
+        reason=row["reason"],
+        ttft_s=row["ttft_s"],
+        waited_s=row["waited_s"],
+        evidence=json.loads(row["evidence"]),
+    )
 
 
 def _is_corrupt(exc: BaseException) -> bool:

@@ -7,7 +7,6 @@ database, so both print alike.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -107,8 +106,8 @@ def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, An
         server,
         now,
         held,
-        state=row["state"],
-        reason=row["reason"],
-        at=row["at"],
-        evidence=Evidence.from_json(json.loads(row["evidence"])),
+        state=row.state,
+        reason=row.reason,
+        at=row.at,
+        evidence=Evidence.from_json(row.evidence),
     )
