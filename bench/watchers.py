@@ -157,6 +157,12 @@ class BoxManager:
     def pid(self) -> int | None:
         return self.box.pid()
 
+    def exited(self) -> str | None:
+        """The Box owns the process, as the `process` manager does: an exit is seen at once."""
+        proc = self.box.proc
+        code = None if proc is None or self.box.closed else proc.poll()
+        return None if code is None else f"exited with code {code}"
+
     def start(self) -> None:
         pass
 

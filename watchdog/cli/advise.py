@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -17,7 +15,6 @@ from mlx_watchdog.cli.app import (
     out,
     pick_servers,
 )
-from mlx_watchdog.config import ConfigError, parse_duration
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 
@@ -59,6 +56,8 @@ def calibrate(
     it into timeouts for the client, an agent framework and the load balancer. It is heavy on a
     serial server, so it refuses while the server is busy unless --force.
     """
+    import json
+
     from rich.table import Table
 
     from mlx_watchdog.advice.calibrate import (
@@ -69,6 +68,7 @@ def calibrate(
         refusal,
         run_calibration,
     )
+    from mlx_watchdog.config import ConfigError
     from mlx_watchdog.judge.advice import tokens_label
     from mlx_watchdog.judge.check import left_probes
     from mlx_watchdog.record.store import open_history
@@ -154,6 +154,8 @@ def calibrate(
     out.print(f"  agent framework          {advice.agent_s} s")
     out.print(f"  load balancer / proxy    {advice.load_balancer_s} s")
     if litellm_config is not None:
+        import dataclasses
+
         from mlx_watchdog.advice.doctor import litellm_findings
 
         cfg_one = dataclasses.replace(cfg, servers=(server,))
@@ -198,8 +200,11 @@ def drill(
     again, or restarts it through the running watchdog after --max-wait. Exit 0 when the server
     answered again, 1 when it had to be restarted or did not come back.
     """
+    import json
+
     from mlx_watchdog.advice.calibrate import parse_tokens, refusal
     from mlx_watchdog.advice.drill import plan, restart_through_daemon, run_drill
+    from mlx_watchdog.config import ConfigError, parse_duration
     from mlx_watchdog.judge.check import left_probes
 
     if url and server_name:
@@ -256,6 +261,8 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
     serial serving, API key file, last calibration) and, with --litellm-config, the proxy's
     timeouts, retries and fallbacks. Exit 0 all ok, 1 warnings, 2 problems.
     """
+    import json
+
     from mlx_watchdog.advice.doctor import exit_code, run_doctor
 
     cfg = load_or_exit(config_path)
@@ -271,6 +278,8 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
             if f.fix:
                 out.print(f"         fix: {escape(f.fix)}", style="dim", soft_wrap=True)
     if as_json:
+        import dataclasses
+
         click.echo(json.dumps([dataclasses.asdict(f) for f in findings], indent=2))
     sys.exit(exit_code(findings))
 

@@ -13,12 +13,12 @@ from urllib.parse import urlsplit
 import click
 
 from mlx_watchdog import __version__
-from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config, parse_url
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from mlx_watchdog.config import Config, ServerConfig
 
 
 class _LazyConsole:
@@ -67,6 +67,8 @@ config_option = click.option(
 
 
 def load_or_exit(config_path: Path | None) -> Config:
+    from mlx_watchdog.config import ConfigError, load_config
+
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -84,6 +86,8 @@ def cli() -> None:
 
 
 def pick_servers(config: Config, url: str | None, name: str | None) -> list[ServerConfig]:
+    from mlx_watchdog.config import ServerConfig, parse_url
+
     if url:
         clean = parse_url(url, "--url")
         port = urlsplit(clean).port or 80
@@ -93,5 +97,3 @@ def pick_servers(config: Config, url: str | None, name: str | None) -> list[Serv
     if name:
         return [config.server(name)]
     return list(config.servers)
-
-

@@ -3,8 +3,6 @@ drain, undrain, install, uninstall, server install/uninstall."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shlex
 import sys
@@ -21,13 +19,6 @@ from mlx_watchdog.cli.app import (
     escape,
     load_or_exit,
     out,
-)
-from mlx_watchdog.config import (
-    append_server,
-    parse_duration,
-    resolve_config_path,
-    to_toml,
-    write_template,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
@@ -47,6 +38,8 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
     server's PID and memory. Exit code: as for probe (the worst server), or 3 when the
     watchdog is not running.
     """
+    import json
+
     from mlx_watchdog.serve.client import DaemonNotRunning, history_status, live_status
 
     cfg = load_or_exit(config_path)
@@ -145,8 +138,11 @@ def _ms(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the incidents as JSON.")
 def history(config_path: Path | None, since: str, server_name: str | None, as_json: bool) -> None:
     """List incidents: start, end, outage, reason, actions and outcome."""
+    import json
+
     from rich.table import Table
 
+    from mlx_watchdog.config import parse_duration
     from mlx_watchdog.record.store import open_history
 
     cfg = load_or_exit(config_path)
@@ -160,6 +156,8 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
     finally:
         store.close()
     if as_json:
+        import dataclasses
+
         click.echo(json.dumps([dataclasses.asdict(i) for i in incidents], indent=2))
         return
     if not incidents:
@@ -219,8 +217,6 @@ def _action(action: str) -> click.Command:
     return click.command(action, help=help_text)(command)
 
 
-
-
 target_option = click.option(
     "--target",
     type=click.Choice(["launchd", "systemd"]),
@@ -242,6 +238,7 @@ def install(config_path: Path | None, target: str | None, dry_run: bool) -> None
     created from the template first.
     """
     from mlx_watchdog import service
+    from mlx_watchdog.config import resolve_config_path, write_template
 
     kind = cast(service.Target, target or service.default_target())
     path = resolve_config_path(config_path)[0].expanduser().absolute()
@@ -301,6 +298,7 @@ def server_install(
 ) -> None:
     """Install mlx_lm.server as a service and add it to the config with the matching manager."""
     from mlx_watchdog import service
+    from mlx_watchdog.config import append_server, resolve_config_path, to_toml
     from mlx_watchdog.demo.run import missing_server_extra
 
     kind = cast(service.Target, target or service.default_target())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
@@ -19,14 +18,6 @@ from mlx_watchdog.cli.app import (
     load_or_exit,
     out,
     pick_servers,
-)
-from mlx_watchdog.config import (
-    ConfigError,
-    effective,
-    parse_duration,
-    resolve_config_path,
-    to_toml,
-    write_template,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
@@ -51,6 +42,10 @@ def probe(
 
     Exit code: 0 healthy, 1 slow/busy/starting, 2 wedged/dead/down, 3 unknown.
     """
+    import json
+
+    from mlx_watchdog.config import ConfigError, parse_duration
+
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")
     from concurrent.futures import ThreadPoolExecutor
@@ -188,6 +183,7 @@ def demo(port: int, timeout: str) -> None:
     import logging
     import tempfile
 
+    from mlx_watchdog.config import parse_duration
     from mlx_watchdog.demo.run import SayHandler, free_port, missing_server_extra, run_demo
 
     try:
@@ -243,6 +239,10 @@ def config() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the effective config as JSON.")
 def config_check(config_path: Path | None, as_json: bool) -> None:
     """Validate the config and print the effective settings, secrets masked."""
+    import json
+
+    from mlx_watchdog.config import effective, to_toml
+
     cfg = load_or_exit(config_path)
     data = effective(cfg)
     if as_json:
@@ -260,6 +260,8 @@ def config_check(config_path: Path | None, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def config_init(config_path: Path | None, force: bool) -> None:
     """Write a commented config template (default: ~/.config/mlx-watchdog/config.toml)."""
+    from mlx_watchdog.config import ConfigError, resolve_config_path, write_template
+
     path, _ = resolve_config_path(config_path)
     try:
         written = write_template(path, force=force)
