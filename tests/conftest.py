@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -397,29 +398,54 @@ def hanging(tmp_path: Path) -> Iterator[BadByPidfile]:
 
 
 class FakeServices:
-    """The fake launchctl/systemctl on PATH, and their job table."""
+    """The fake launchctl (fakes/fakelaunchd.py) and systemctl (fakes/fakesvc.py) on PATH,
+    and their state: the machine (who has a GUI login, the LaunchDaemons folder) and the jobs."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, gui: list[int] | None = None) -> None:
         import json
 
         self.json = json
         self.bin = root / "bin"
-        self.bin.mkdir()
+        self.bin.mkdir(parents=True)
         self.state = root / "svc-state.json"
         self.log = root / "svc-calls.jsonl"
-        for name in ("launchctl", "systemctl"):
-            exe = self.bin / name
-            exe.write_text(
-                f"#!{sys.executable}\nimport sys\n"
-                f"sys.path.insert(0, {str(TESTS / 'fakes')!r})\n"
-                f"import fakesvc\nsys.exit(fakesvc.main({name!r}))\n"
-            )
+        launchctl = self.bin / "launchctl"
+        launchctl.write_text(
+            f"#!/bin/sh\nexec {sys.executable} {TESTS / 'fakes' / 'fakelaunchd.py'} \"$@\"\n"
+        )
+        systemctl = self.bin / "systemctl"
+        systemctl.write_text(
+            f"#!{sys.executable}\nimport sys\n"
+            f"sys.path.insert(0, {str(TESTS / 'fakes')!r})\n"
+            "import fakesvc\nsys.exit(fakesvc.main('systemctl'))\n"
+        )
+        for exe in (launchctl, systemctl):
             exe.chmod(0o755)
+        self.machine(gui=[os.getuid()] if gui is None else gui)
 
-    def table(self) -> dict[str, dict[str, dict[str, object]]]:
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            "FAKE_SVC_STATE": str(self.state),
+            "FAKE_SVC_LOG": str(self.log),
+        }
+
+    def kill_all(self) -> None:
+        for _ in range(2):  # supervisors first; then any job they left
+            for pid in self.pids():  # only the processes these fakes started
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def machine(self, **settings: object) -> None:
+        """Who has a GUI login (uids), where the LaunchDaemons folder is."""
+        table = self.table()
+        table.setdefault("machine", {}).update(settings)
+        self.save(table)
+
+    def table(self) -> dict[str, Any]:
         return self.json.loads(self.state.read_text()) if self.state.exists() else {}
 
-    def save(self, table: dict[str, dict[str, dict[str, object]]]) -> None:
+    def save(self, table: dict[str, Any]) -> None:
         self.state.write_text(self.json.dumps(table))
 
     def calls(self) -> list[list[str]]:
@@ -427,10 +453,102 @@ class FakeServices:
             return []
         return [self.json.loads(line) for line in self.log.read_text().splitlines()]
 
+    def launchd_job(self, domain: str, label: str) -> dict[str, Any] | None:
+        job: dict[str, Any] | None = self.table().get("launchd", {}).get(domain, {}).get(label)
+        return job
+
     def pids(self) -> list[int]:
         table = self.table()
-        jobs = [*table.get("launchd", {}).values(), *table.get("systemd", {}).values()]
-        return [int(j["pid"]) for j in jobs if j.get("pid")]
+        jobs = [j for d in table.get("launchd", {}).values() for j in d.values()]
+        jobs += list(table.get("systemd", {}).values())
+        return [int(j[k]) for j in jobs for k in ("pid", "supervisor") if j.get(k)]
+
+
+@dataclass(frozen=True)
+class User:
+    """An ordinary user that commands run as, with a HOME of its own (as root, the tests make
+    one: what an ordinary user may and may not do is the point of the service tests)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            "PATH": os.environ["PATH"],
+            "HOME": str(self.home),
+            "USER": self.name,
+            "LOGNAME": self.name,
+            "XDG_CONFIG_HOME": str(self.home / ".config"),
+            "XDG_STATE_HOME": str(self.home / ".local" / "state"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "COLUMNS": "120",
+            **extra,
+        }
+
+    def run(
+        self, argv: list[str], env: dict[str, str], timeout: float = 180.0
+    ) -> subprocess.CompletedProcess[str]:
+        prefix: list[str] = []
+        if os.getuid() != self.uid:
+            # The interpreter may live under root's home, which an ordinary user cannot enter:
+            # the user keeps one capability of root's, to read and search anywhere. Everything
+            # launchd and the installer decide by uid and file ownership stays as for any user.
+            prefix = [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--clear-groups",
+                "--inh-caps=+dac_read_search",
+                "--ambient-caps=+dac_read_search",
+            ]
+        return subprocess.run(
+            [*prefix, *argv],
+            env=env,
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def own(self, *paths: Path) -> None:
+        if os.getuid() == 0:
+            for path in paths:
+                for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+                    os.chown(p, self.uid, self.gid)
+
+
+TEST_USER = "mlxwd-test"
+
+
+@pytest.fixture
+def user() -> Iterator[User]:
+    """An ordinary user with an empty HOME in a folder others may enter."""
+    import pwd
+    import shutil
+    import tempfile
+
+    if os.getuid() == 0:
+        try:
+            entry = pwd.getpwnam(TEST_USER)
+        except KeyError:
+            subprocess.run(
+                ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
+                check=True,
+            )
+            entry = pwd.getpwnam(TEST_USER)
+    else:
+        entry = pwd.getpwuid(os.getuid())
+    root = Path(tempfile.mkdtemp(prefix="mlxwd-user-", dir="/tmp"))
+    root.chmod(0o755)
+    home = root / "home"
+    home.mkdir()
+    u = User(entry.pw_name, entry.pw_uid, entry.pw_gid, home)
+    u.own(home)
+    yield u
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -440,6 +558,13 @@ def fake_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[F
     monkeypatch.setenv("FAKE_SVC_STATE", str(fakes.state))
     monkeypatch.setenv("FAKE_SVC_LOG", str(fakes.log))
     yield fakes
-    for pid in fakes.pids():  # only the job processes this test's fakes started
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    fakes.kill_all()
+
+
+@pytest.fixture
+def user_services(user: User) -> Iterator[FakeServices]:
+    """The fakes for `user`, their state writable by that user; nobody at the screen yet."""
+    fakes = FakeServices(user.home.parent / "svc", gui=[])
+    user.own(user.home.parent / "svc")
+    yield fakes
+    fakes.kill_all()

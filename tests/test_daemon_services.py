@@ -40,11 +40,16 @@ def install_job(kind: str, fakes: FakeServices, tmp_path: Path, port: int) -> di
     if kind == "launchd":
         plist = tmp_path / f"{LABEL}.plist"
         plist.write_bytes(plistlib.dumps({"Label": LABEL, "ProgramArguments": job_argv(port)}))
-        fakes.save(
-            {"launchd": {LABEL: {"argv": job_argv(port), "loaded": True, "plist": str(plist)}}}
-        )
-        start = ["launchctl", "kickstart", f"gui/{os.getuid()}/{LABEL}"]
-        keys: dict[str, object] = {"manager": "launchd", "label": LABEL, "plist": str(plist)}
+        plist.chmod(0o644)
+        domain = f"gui/{os.getuid()}"
+        subprocess.run(["launchctl", "bootstrap", domain, str(plist)], check=True)
+        start = ["launchctl", "kickstart", f"{domain}/{LABEL}"]
+        keys: dict[str, object] = {
+            "manager": "launchd",
+            "label": LABEL,
+            "plist": str(plist),
+            "domain": domain,
+        }
     else:
         fakes.save({"systemd": {UNIT: {"argv": job_argv(port)}}})
         start = ["systemctl", "--user", "start", UNIT]

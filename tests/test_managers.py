@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import plistlib
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from mlx_watchdog.act.managers.launchd import LaunchdManager
 from mlx_watchdog.act.managers.process import ProcessManager
 from mlx_watchdog.act.managers.systemd import SystemdManager
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.check import Checker
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.sense.evidence import Inspector, ProcessTable
+from mlx_watchdog.sense.evidence import ProcessTable
 from tests.conftest import TESTS, FakeServices, free_port, until
 
 LABEL = "com.example.mlx-server"
@@ -31,7 +33,8 @@ def listening(port: int) -> int | None:
     return ProcessTable().listener(port)
 
 
-def launchd_job(fakes: FakeServices, tmp_path: Path, port: int, **extra: object) -> Path:
+def launchd_job(tmp_path: Path, port: int) -> Path:
+    """A job bootstrapped into this user's GUI domain (RunAtLoad: it starts at once)."""
     plist = tmp_path / f"{LABEL}.plist"
     plist.write_bytes(
         plistlib.dumps(
@@ -40,12 +43,12 @@ def launchd_job(fakes: FakeServices, tmp_path: Path, port: int, **extra: object)
                 "ProgramArguments": bad_argv(port),
                 "RunAtLoad": True,
                 "KeepAlive": True,
+                "ExitTimeOut": 2,
             }
         )
     )
-    fakes.save(
-        {"launchd": {LABEL: {"argv": bad_argv(port), "loaded": True, "plist": str(plist), **extra}}}
-    )
+    plist.chmod(0o644)
+    subprocess.run(["launchctl", "bootstrap", f"gui/{os.getuid()}", str(plist)], check=True)
     return plist
 
 
@@ -57,9 +60,8 @@ def test_launchd_kickstart_replaces_the_process(
     fake_services: FakeServices, tmp_path: Path
 ) -> None:
     port = free_port()
-    plist = launchd_job(fake_services, tmp_path, port)
+    plist = launchd_job(tmp_path, port)
     m = LaunchdManager(server(port, manager="launchd", label=LABEL, plist=plist), System())
-    assert m.restart().ok  # the first kickstart -k starts the not yet running job
     first = until(lambda: listening(port), 10, "the job to listen")
     assert m.pid() == first
     outcome = m.restart()
@@ -71,31 +73,24 @@ def test_launchd_kickstart_replaces_the_process(
     assert not any(c[1] == "bootout" for c in fake_services.calls())
 
 
-def test_launchd_throttled_job_escalates_to_bootout_and_bootstrap(
+def test_launchd_job_that_is_not_loaded_is_loaded_again(
     fake_services: FakeServices, tmp_path: Path
 ) -> None:
+    """Booted out (by hand, or a failed escalation): KeepAlive no longer brings it back, and
+    kickstart cannot find it. The escalation bootstraps the plist again."""
     port = free_port()
-    plist = launchd_job(fake_services, tmp_path, port)
-    m = LaunchdManager(server(port, manager="launchd", label=LABEL, plist=plist), System())
-    m.restart()
+    plist = launchd_job(tmp_path, port)
     first = until(lambda: listening(port), 10, "the job to listen")
-    table = fake_services.table()
-    table["launchd"][LABEL]["throttled"] = True
-    fake_services.save(table)
-
-    import mlx_watchdog.act.managers.launchd as mod
-
-    mod.REPLACE_TIMEOUT, saved = 1.0, mod.REPLACE_TIMEOUT
-    try:
-        outcome = m.restart()
-    finally:
-        mod.REPLACE_TIMEOUT = saved
-    assert outcome.ok, outcome.detail
-    assert "bootout + bootstrap" in outcome.detail
     uid = os.getuid()
+    subprocess.run(["launchctl", "bootout", f"gui/{uid}/{LABEL}"], check=True)
+    until(lambda: fake_services.launchd_job(f"gui/{uid}", LABEL) is None, 20, "the job gone")
+    m = LaunchdManager(server(port, manager="launchd", label=LABEL, plist=plist), System())
+    assert m.pid() is None
+    outcome = m.restart()
+    assert outcome.ok, outcome.detail
+    assert "bootout + bootstrap" in outcome.detail and "Could not find service" in outcome.detail
     verbs = [c[1] for c in fake_services.calls() if c[0] == "launchctl" and c[1] != "print"]
     assert verbs[-4:] == ["kickstart", "bootout", "bootstrap", "kickstart"]
-    assert ["launchctl", "bootstrap", f"gui/{uid}", str(plist)] in fake_services.calls()
     second = until(lambda: listening(port), 10, "the bootstrapped job to listen")
     assert second != first
 
@@ -146,10 +141,9 @@ def test_identity_refuses_a_pid_that_is_not_the_server(
 ) -> None:
     """The job runs on another port than the configured server: never signal it."""
     job_port, other_port = free_port(), free_port()
-    plist = launchd_job(fake_services, tmp_path, job_port)
+    plist = launchd_job(tmp_path, job_port)
     cfg = server(other_port, manager="launchd", label=LABEL, plist=plist)
     m = LaunchdManager(cfg, System())
-    m.restart()
     job_pid = until(lambda: listening(job_port), 10, "the job to listen")
     other = psutil.Popen(bad_argv(other_port))
     try:
@@ -159,7 +153,7 @@ def test_identity_refuses_a_pid_that_is_not_the_server(
 
         store = Store(None)
         alerter = Alerter([])
-        w = Watch(cfg, m, Inspector(cfg))
+        w = Watch(cfg, m, Checker(cfg))
         before = len(fake_services.calls())
         assert Healer(store, alerter).heal(w, "wedged", "wedged: test") is False
         assert not any(c[1] == "kickstart" for c in fake_services.calls()[before:])

@@ -9,12 +9,14 @@ import plistlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 import pytest
 
 from mlx_watchdog import service
+from mlx_watchdog.act.managers import System
 from mlx_watchdog.config import load_config, to_toml
 from tests.conftest import FakeServices, free_port, gone, mlx_watchdog, until
 
@@ -43,13 +45,25 @@ def write_config(home: Path, url: str = "http://127.0.0.1:1") -> Path:
 # -- the files -----------------------------------------------------------------------------
 
 
+class Mac(System):
+    """An ordinary user (uid 501) on a Mac with a GUI login: only `launchctl print` is asked."""
+
+    def uid(self) -> int:
+        return 501
+
+    def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        assert list(argv[:2]) == ["launchctl", "print"], argv
+        return 0, "gui/501 = {\n}"
+
+
 def test_watchdog_plist_has_its_keys_and_absolute_paths(home: Path) -> None:
     config = home / "c.toml"
-    data = plistlib.loads(
-        service.watchdog_content(
-            "launchd", config=config, home=home, env={"PATH": "/usr/bin"}, python="/v/bin/python"
-        )
+    plan = service.target("launchd", Mac()).watchdog_plan(
+        config=config, home=home, env={"PATH": "/usr/bin"}, python="/v/bin/python"
     )
+    assert plan.domain == "gui/501" and plan.path.parent == home / "Library" / "LaunchAgents"
+    assert plan.content is not None
+    data = plistlib.loads(plan.content)
     assert data["Label"] == service.WATCHDOG_LABEL and data["Label"].count(".") >= 2
     assert data["ProgramArguments"] == [
         "/v/bin/python",
@@ -61,57 +75,98 @@ def test_watchdog_plist_has_its_keys_and_absolute_paths(home: Path) -> None:
     ]
     assert data["RunAtLoad"] is True and data["KeepAlive"] is True
     assert data["ThrottleInterval"] > 0 and data["ProcessType"] in ("Standard", "Adaptive")
+    # launchd waits this long after SIGTERM: longer than the watchdog's own bounded stop.
+    assert data["ExitTimeOut"] >= service.STOP_BOUND and data["WorkingDirectory"] == str(home)
     log = Path(data["StandardOutPath"])
     assert log.is_absolute() and log.parent == home / "Library" / "Logs" / "mlx-watchdog"
     assert data["StandardErrorPath"] == data["StandardOutPath"]
-    assert data["EnvironmentVariables"] == {"PATH": "/usr/bin"}
+    assert data["EnvironmentVariables"] == {"PATH": "/usr/bin", "HOME": str(home)}
+    assert "UserName" not in data
 
 
 def test_server_plist_runs_mlx_lm_with_its_model_env(home: Path) -> None:
     env = {"PATH": "/usr/bin", "HF_HOME": "/models/hf", "HF_HUB_CACHE": "", "SECRET": "x"}
-    content, log = service.server_content(
-        "launchd",
+    plan, entry = service.target("launchd", Mac()).server_plan(
         name="qwen",
         args=service.server_args("/m/qwen", 8081, "/m/draft"),
         home=home,
         env=env,
         python="/v/bin/python",
     )
-    data = plistlib.loads(content)
+    assert plan.content is not None
+    data = plistlib.loads(plan.content)
     assert data["ProgramArguments"] == [
         "/v/bin/python", "-m", "mlx_lm", "server",
         "--model", "/m/qwen", "--port", "8081", "--draft-model", "/m/draft",
     ]  # fmt: skip
     assert data["ProcessType"] == "Interactive"
-    assert data["EnvironmentVariables"] == {"PATH": "/usr/bin", "HF_HOME": "/models/hf"}
-    assert log == Path(data["StandardOutPath"]) and log.is_absolute()
+    assert data["EnvironmentVariables"] == {
+        "PATH": "/usr/bin",
+        "HOME": str(home),
+        "HF_HOME": "/models/hf",
+    }
+    assert entry["log_file"] == data["StandardOutPath"] and entry["domain"] == "gui/501"
+    assert entry["plist"] == str(plan.path) and entry["label"] == data["Label"]
+
+
+def test_a_relative_model_folder_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """launchd runs a job in `/`: a relative --model would name nothing there."""
+    (tmp_path / "models" / "qwen").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    args = service.server_args("models/qwen", 8080, None)
+    assert args[:2] == ["--model", str(tmp_path / "models" / "qwen")]
+    assert service.server_args("mlx-community/Qwen3-4B-4bit", 8080, None)[1] == (
+        "mlx-community/Qwen3-4B-4bit"  # a repo id stays as it is
+    )
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
-@pytest.mark.parametrize("which", ["watchdog", "server"])
-def test_units_pass_systemd_analyze_verify(which: str, home: Path, tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_CACHE": "/tmp/hub cache/%x"}
-    if which == "watchdog":
-        content = service.watchdog_content(
-            "systemd", config=home / "my config.toml", home=home, env=env, python=sys.executable
-        )
-        name = service.WATCHDOG_UNIT
-    else:
-        content, _ = service.server_content(
-            "systemd",
+@pytest.mark.parametrize("which", ["watchdog", "server", "system"])
+def test_units_pass_systemd_analyze_verify(
+    which: str, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_CACHE": "/tmp/hub cache/%x", "SUDO_USER": "root"}
+    if which == "system":
+        import pwd
+
+        if os.getuid() != 0:
+            pytest.skip("needs root")
+        env["SUDO_USER"] = pwd.getpwuid(0).pw_name  # refused: the job would run as root
+        with pytest.raises(service.ServiceError, match="the user who ran sudo"):
+            service.target("systemd", System(), system_wide=True).watchdog_plan(
+                config=home / "c.toml", home=home, env=env, python=sys.executable
+            )
+        env["SUDO_USER"] = "nobody"
+    tgt = service.target("systemd", System(), system_wide=which == "system")
+    if which == "server":
+        plan, entry = tgt.server_plan(
             name="qwen",
             args=service.server_args("/m/a model", 8081, None),
             home=home,
             env=env,
             python=sys.executable,
         )
-        name = service.server_unit("qwen")
-    unit = tmp_path / name
-    unit.write_bytes(content)
-    text = content.decode()
+        assert entry == {"unit": service.server_unit("qwen")}
+    else:
+        plan = tgt.watchdog_plan(
+            config=home / "my config.toml", home=home, env=env, python=sys.executable
+        )
+    assert plan.content is not None
+    unit = tmp_path / plan.label
+    unit.write_bytes(plan.content)
+    text = plan.content.decode()
     assert "Restart=on-failure" in text and "RestartSec=" in text
     assert "StartLimitIntervalSec=" in text.split("[Service]")[0]
-    assert "WantedBy=default.target" in text
+    if which == "system":
+        assert plan.path.parent == Path("/etc/systemd/system") and "User=nobody" in text
+        assert "WantedBy=multi-user.target" in text
+        assert [s.argv[0:2] for s in plan.steps] == [("systemctl", "daemon-reload")] + [
+            ("systemctl", verb) for verb in ("enable", "restart")
+        ]
+    else:
+        assert "WantedBy=default.target" in text and "User=" not in text
     verify = subprocess.run(
         ["systemd-analyze", "verify", "--recursive-errors=no", str(unit)],
         capture_output=True,
@@ -121,69 +176,54 @@ def test_units_pass_systemd_analyze_verify(which: str, home: Path, tmp_path: Pat
     assert "Unknown key" not in verify.stderr and "Invalid" not in verify.stderr
 
 
-# -- install, reinstall, uninstall ---------------------------------------------------------
+# -- install, reinstall, uninstall (systemd; launchd is in test_launchd.py) ------------------
 
 
-def job_pid(fakes: FakeServices, kind: str, name: str) -> int | None:
-    job = fakes.table().get(kind, {}).get(name, {})
+def job_pid(fakes: FakeServices, name: str) -> int | None:
+    job = fakes.table().get("systemd", {}).get(name, {})
     pid = job.get("pid")
     return int(pid) if pid and psutil.pid_exists(int(pid)) else None
 
 
-@pytest.mark.parametrize("target", ["launchd", "systemd"])
-def test_install_reinstall_uninstall(target: str, home: Path, fake_services: FakeServices) -> None:
+def test_install_reinstall_uninstall(home: Path, fake_services: FakeServices) -> None:
     config = write_config(home)
-    kind, name = (
-        ("launchd", service.WATCHDOG_LABEL)
-        if target == "launchd"
-        else ("systemd", service.WATCHDOG_UNIT)
-    )
+    name = service.WATCHDOG_UNIT
 
-    dry = mlx_watchdog("install", "--target", target, "--dry-run")
+    dry = mlx_watchdog("install", "--target", "systemd", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert "# would write" in dry.stdout and "# would run:" in dry.stdout
-    assert fake_services.calls() == [] and not (home / "Library").exists()
-    assert not (home / ".config" / "systemd").exists()
+    assert "# would write" in dry.stdout and "# would run (user):" in dry.stdout
+    assert fake_services.calls() == [] and not (home / ".config" / "systemd").exists()
 
-    first = mlx_watchdog("install", "--target", target)
+    first = mlx_watchdog("install", "--target", "systemd")
     assert first.returncode == 0, first.stderr
-    if target == "launchd":
-        path = home / "Library" / "LaunchAgents" / f"{name}.plist"
-        uid = os.getuid()
-        assert [c[1:] for c in fake_services.calls()] == [
-            ["bootout", f"gui/{uid}/{name}"],
-            ["enable", f"gui/{uid}/{name}"],
-            ["bootstrap", f"gui/{uid}", str(path)],
-        ]
-        assert plistlib.loads(path.read_bytes())["ProgramArguments"][-1] == str(config)
-    else:
-        path = home / ".config" / "systemd" / "user" / name
-        assert [c[1:] for c in fake_services.calls()] == [
-            ["--user", "daemon-reload"],
-            ["--user", "enable", name],
-            ["--user", "restart", name],
-        ]
-        assert "loginctl enable-linger" in first.stderr
+    path = home / ".config" / "systemd" / "user" / name
+    assert [c[1:] for c in fake_services.calls()] == [
+        ["--user", "daemon-reload"],
+        ["--user", "enable", name],
+        ["--user", "restart", name],
+    ]
+    assert "loginctl enable-linger" in first.stderr
+    assert str(config) in path.read_text()
     assert oct(path.stat().st_mode & 0o777) == "0o644" and path.stat().st_uid == os.getuid()
 
     # The service runs the real watchdog, which status finds.
-    pid = until(lambda: job_pid(fake_services, kind, name), 20, "the watchdog job")
+    pid = until(lambda: job_pid(fake_services, name), 20, "the watchdog job")
     until(lambda: mlx_watchdog("status", "--json").returncode != 3, 60, "the daemon to answer")
     doc = json.loads(mlx_watchdog("status", "--json").stdout)
     assert doc["watchdog"]["running"] is True and doc["watchdog"]["pid"] == pid
 
-    again = mlx_watchdog("install", "--target", target)
+    again = mlx_watchdog("install", "--target", "systemd")
     assert again.returncode == 0, again.stderr
-    second = until(lambda: job_pid(fake_services, kind, name), 20, "the replaced job")
+    second = until(lambda: job_pid(fake_services, name), 20, "the replaced job")
     assert second != pid and gone(pid)
     assert len([p for p in fake_services.pids() if psutil.pid_exists(p)]) == 1
 
-    removed = mlx_watchdog("uninstall", "--target", target)
+    removed = mlx_watchdog("uninstall", "--target", "systemd")
     assert removed.returncode == 0, removed.stderr
     assert not path.exists()
-    assert job_pid(fake_services, kind, name) is None
+    assert job_pid(fake_services, name) is None
     assert gone(second)
-    assert mlx_watchdog("uninstall", "--target", target).returncode == 0  # already gone: fine
+    assert mlx_watchdog("uninstall", "--target", "systemd").returncode == 0  # already gone
 
 
 def test_install_writes_a_config_when_there_is_none(
@@ -199,30 +239,16 @@ def test_install_writes_a_config_when_there_is_none(
 def test_install_refuses_a_bad_config(home: Path, fake_services: FakeServices) -> None:
     config = write_config(home)
     config.write_text('[watchdog]\ninterval = "soon"\n')
-    result = mlx_watchdog("install", "--target", "launchd")
+    result = mlx_watchdog("install", "--target", "systemd")
     assert result.returncode == 3 and 'watchdog.interval = "soon"' in result.stderr
     assert fake_services.calls() == []
-
-
-def test_a_disabled_launchd_job_is_enabled_by_install(
-    home: Path, fake_services: FakeServices
-) -> None:
-    write_config(home)
-    subprocess.run(
-        ["launchctl", "disable", f"gui/{os.getuid()}/{service.WATCHDOG_LABEL}"], check=True
-    )
-    result = mlx_watchdog("install", "--target", "launchd")
-    assert result.returncode == 0, result.stderr
-    until(lambda: job_pid(fake_services, "launchd", service.WATCHDOG_LABEL), 20, "the job")
 
 
 # -- server install ------------------------------------------------------------------------
 
 
 @pytest.mark.real_server
-@pytest.mark.parametrize("target", ["launchd", "systemd"])
 def test_server_install_serves_and_joins_the_config(
-    target: str,
     home: Path,
     fake_services: FakeServices,
     tiny_model: Path,
@@ -231,6 +257,7 @@ def test_server_install_serves_and_joins_the_config(
 ) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(hf_cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = "systemd"  # launchd: tests/test_launchd.py, as an ordinary user
     config = write_config(home)
     port = free_port()
     result = mlx_watchdog(
@@ -241,19 +268,13 @@ def test_server_install_serves_and_joins_the_config(
     added = servers[f"mlx-{port}"]
     assert added.manager == target and added.url == f"http://127.0.0.1:{port}"
     assert "s" in servers  # what was there stays
-    if target == "launchd":
-        assert added.label == service.server_label(f"mlx-{port}") and added.plist is not None
-        assert added.log_file is not None
-    else:
-        assert added.unit == service.server_unit(f"mlx-{port}")
+    assert added.unit == service.server_unit(f"mlx-{port}")
 
     def healthy() -> bool:
         probe = mlx_watchdog("probe", "--server", f"mlx-{port}", "--json")
         return probe.returncode == 0 and json.loads(probe.stdout)["state"] == "healthy"
 
     until(healthy, 120, "the installed server to serve")
-    if target == "launchd":
-        assert added.log_file is not None and added.log_file.exists()
 
     twice = mlx_watchdog(
         "server", "install", "--model", str(tiny_model), "--port", str(port), "--target", target

@@ -1,13 +1,10 @@
-"""Fake `launchctl` and `systemctl --user` that keep a small job table and run real processes.
+"""Fake `systemctl --user` that keeps a small job table and runs real processes (the fake
+`launchctl` is fakelaunchd.py).
 
-Installed under both names in a folder put first on PATH. The job table is a JSON file
-($FAKE_SVC_STATE); every call's argv is appended to $FAKE_SVC_LOG. The jobs are real processes:
-kickstart -k and restart kill the job's process and start a new one, print/show report the
-state and PID, bootout/bootstrap unload and load (with the plist's EnvironmentVariables), enable
-and disable are remembered per label (a disabled label cannot be bootstrapped). A launchd job
-marked "throttled" accepts a kickstart and does nothing, as launchd does while it throttles a
-job that respawned too fast. systemctl --user daemon-reload reads the user's unit files
-(ExecStart, Environment); enable/disable [--now] need a loaded unit.
+The job table is a JSON file ($FAKE_SVC_STATE); every call's argv is appended to
+$FAKE_SVC_LOG. restart kills the unit's process and starts a new one, show reports the PID,
+daemon-reload reads the user's unit files (ExecStart, Environment); enable/disable [--now] need
+a loaded unit.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import plistlib
 import shlex
 import signal
 import subprocess
@@ -61,111 +57,6 @@ def kill(job: dict[str, Any]) -> None:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
     job["pid"] = None
-
-
-def launchctl(args: list[str], state: dict[str, Any]) -> int:
-    jobs = state.setdefault("launchd", {})
-    uid = os.getuid()
-    if not args:
-        print("Usage: launchctl <subcommand> ...", file=sys.stderr)
-        return 64
-    cmd, rest = args[0], args[1:]
-    flags = [a for a in rest if a.startswith("-")]
-    rest = [a for a in rest if not a.startswith("-")]
-
-    def job_of(target: str) -> dict[str, Any] | None:
-        domain, _, label = target.rpartition("/")
-        if domain != f"gui/{uid}":
-            return None
-        job = jobs.get(label)
-        return job if job and job.get("loaded") else None
-
-    def missing(target: str) -> int:
-        print(
-            f'Could not find service "{target.rpartition("/")[2]}" in domain for user gui: {uid}',
-            file=sys.stderr,
-        )
-        return 113
-
-    if cmd == "print":
-        job = job_of(rest[0])
-        if job is None:
-            return missing(rest[0])
-        running = alive(job.get("pid"))
-        print(
-            f"{rest[0]} = {{\n\tactive count = {int(running)}\n\tpath = {job.get('plist')}\n"
-            f"\tstate = {'running' if running else 'not running'}\n"
-            f"\tprogram = {job['argv'][0]}"
-        )
-        if running:
-            print(f"\tpid = {job['pid']}")
-        print("}")
-        return 0
-    if cmd == "kickstart":
-        job = job_of(rest[0])
-        if job is None:
-            return missing(rest[0])
-        if job.get("throttled"):
-            return 0
-        if "-k" in flags:
-            kill(job)
-        if not alive(job.get("pid")):
-            spawn(job)
-        return 0
-    if cmd == "bootout":
-        job = job_of(rest[0])
-        if job is None:
-            print("Boot-out failed: 3: No such process", file=sys.stderr)
-            return 3
-        kill(job)
-        job["loaded"] = False
-        return 0
-    if cmd == "bootstrap":
-        if len(rest) < 2:
-            print("Usage: launchctl bootstrap <domain-target> <service-path>", file=sys.stderr)
-            return 64
-        if rest[0] != f"gui/{uid}":
-            print(
-                "Bootstrap failed: 125: Domain does not support specified action", file=sys.stderr
-            )
-            return 125
-        try:
-            plist = plistlib.loads(Path(rest[1]).read_bytes())
-        except (OSError, plistlib.InvalidFileException):
-            print(f"Bootstrap failed: 5: Input/output error ({rest[1]})", file=sys.stderr)
-            return 5
-        label = plist["Label"]
-        if label in state.get("launchd_disabled", []):
-            print("Bootstrap failed: 119: Service is disabled", file=sys.stderr)
-            return 119
-        job = jobs.get(label, {})
-        if job.get("loaded"):
-            print("Bootstrap failed: 5: Input/output error", file=sys.stderr)
-            return 5
-        job.update(
-            argv=plist["ProgramArguments"],
-            loaded=True,
-            throttled=False,
-            plist=rest[1],
-            log=plist.get("StandardOutPath", os.devnull),
-            env=plist.get("EnvironmentVariables", {}),
-        )
-        jobs[label] = job
-        if plist.get("RunAtLoad"):
-            spawn(job)
-        return 0
-    if cmd in ("enable", "disable"):
-        # Remembered per label, loaded or not, as launchd keeps its overrides database.
-        domain, _, label = rest[0].rpartition("/")
-        if domain != f"gui/{uid}":
-            print(f"Could not {cmd} service: domain {domain} is not known", file=sys.stderr)
-            return 113
-        disabled = set(state.get("launchd_disabled", []))
-        (disabled.discard if cmd == "enable" else disabled.add)(label)
-        state["launchd_disabled"] = sorted(disabled)
-        return 0
-    print(f"Unrecognized subcommand: {cmd}", file=sys.stderr)
-    return 64
 
 
 def systemctl(args: list[str], state: dict[str, Any]) -> int:
@@ -238,8 +129,10 @@ def main(name: str) -> int:
     with open(STATE.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = json.loads(STATE.read_text()) if STATE.exists() else {}
-        code = (launchctl if name == "launchctl" else systemctl)(sys.argv[1:], state)
-        STATE.write_text(json.dumps(state))
+        code = systemctl(sys.argv[1:], state)
+        tmp = STATE.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(STATE)
     return code
 
 

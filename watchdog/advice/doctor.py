@@ -56,7 +56,7 @@ def run_doctor(
     yield Finding("ok", "config", f"valid ({source})")
     for warning in config.warnings:
         yield Finding("warning", "config", warning)
-    yield _service(system, home, env)
+    yield from _service(system, home, env)
     yield _endpoint(config)
     store = open_history(config.watchdog.state_dir, create=False)
     try:
@@ -69,32 +69,103 @@ def run_doctor(
         store.close()
 
 
-def _service(system: System, home: Path, env: Mapping[str, str]) -> Finding:
-    target = service.default_target()
-    if target == "launchd":
-        label = service.WATCHDOG_LABEL
-        path = home / "Library" / "LaunchAgents" / f"{label}.plist"
-        probe = ["launchctl", "print", f"gui/{system.uid()}/{label}"]
+def _service(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:
+    if service.default_kind() == "launchd":
+        yield from _launchd(system, home)
     else:
-        label = service.WATCHDOG_UNIT
-        path = service.unit_dir(env, home) / label
-        probe = ["systemctl", "--user", "is-active", label]
-    if not path.exists():
-        return Finding(
+        yield from _systemd(system, home, env)
+
+
+def _launchd(system: System, home: Path) -> Iterator[Finding]:
+    from mlx_watchdog.act.managers.launchd import job_info
+    from mlx_watchdog.service.launchd import DAEMONS
+
+    label, uid = service.WATCHDOG_LABEL, system.uid()
+    agent = home / "Library" / "LaunchAgents" / f"{label}.plist"
+    places = [(DAEMONS / f"{label}.plist", "system")]
+    places += [(agent, f"gui/{uid}"), (agent, f"user/{uid}")]
+    installed = [(path, domain) for path, domain in places if path.exists()]
+    if not installed:
+        yield Finding(
             "warning",
             "service",
-            f"the watchdog is not installed as a {target} service ({path} is missing)",
-            "mlx-watchdog install",
+            f"the watchdog is not installed as a launchd job (no {agent}, no "
+            f"{DAEMONS / f'{label}.plist'})",
+            "mlx-watchdog install (or sudo mlx-watchdog install --system)",
         )
-    code, out = system.run(probe, timeout=10)
-    if code != 0:
-        return Finding(
+        return
+    for path, domain in installed:
+        info = job_info(system, f"{domain}/{label}")
+        if info is None:
+            continue
+        if info.problem:
+            yield Finding("warning", "service", f"launchctl print {domain}/{label}: {info.problem}")
+        if info.running:
+            yield Finding("ok", "service", f"running in {domain} (PID {info.pid}) from {path}")
+            if domain.startswith("user/"):
+                yield Finding(
+                    "warning",
+                    "service",
+                    f"loaded in {domain}: it does not start at boot before someone logs in",
+                    "for a Mac that must serve after a reboot: sudo mlx-watchdog install --system",
+                )
+            return
+        yield Finding(
             "problem",
             "service",
-            f"{path} is installed but not running ({' '.join(probe)}: {out.strip()[-120:]})",
-            "mlx-watchdog install (it loads and starts it)",
+            f"loaded in {domain} but not running (launchctl print {domain}/{label})",
+            "mlx-watchdog install (it reloads and starts it); its log says why it exits",
         )
-    return Finding("ok", "service", f"installed and running ({target}: {label})")
+        return
+    where = ", ".join(str(path) for path, _ in installed)
+    yield Finding(
+        "problem",
+        "service",
+        f"{where} is installed but not loaded in any launchd domain",
+        "mlx-watchdog install (it loads and starts it)",
+    )
+
+
+def _systemd(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:
+    from mlx_watchdog.service.systemd import SYSTEM_UNITS, user_unit_dir
+
+    label = service.WATCHDOG_UNIT
+    for path, ctl in (
+        (SYSTEM_UNITS / label, ["systemctl"]),
+        (user_unit_dir(env, home) / label, ["systemctl", "--user"]),
+    ):
+        if not path.exists():
+            continue
+        code, out = system.run([*ctl, "is-active", label], timeout=10)
+        if code != 0:
+            yield Finding(
+                "problem",
+                "service",
+                f"{path} is installed but not running ({' '.join(ctl)} is-active: "
+                f"{out.strip()[-120:]})",
+                "mlx-watchdog install (it loads and starts it)",
+            )
+            return
+        yield Finding("ok", "service", f"installed and running (systemd: {label})")
+        if len(ctl) == 2:
+            user = env.get("USER") or ""
+            code, out = system.run(["loginctl", "show-user", user, "-p", "Linger"], timeout=10)
+            if code == 0 and out.strip() == "Linger=no":
+                yield Finding(
+                    "warning",
+                    "service",
+                    "a user unit without lingering stops when you log out and does not start "
+                    "at boot",
+                    f"loginctl enable-linger {user} (or sudo mlx-watchdog install --system)",
+                )
+        return
+    yield Finding(
+        "warning",
+        "service",
+        f"the watchdog is not installed as a systemd unit ({user_unit_dir(env, home) / label} "
+        "is missing)",
+        "mlx-watchdog install",
+    )
 
 
 def _endpoint(config: Config) -> Finding:

@@ -4,7 +4,6 @@ drain, undrain, install, uninstall, server install/uninstall."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -220,27 +219,48 @@ def _action(action: str) -> click.Command:
 target_option = click.option(
     "--target",
     type=click.Choice(["launchd", "systemd"]),
-    help="launchd (macOS) or systemd --user (Linux); default: this platform's.",
+    help="launchd (macOS) or systemd (Linux); default: this platform's.",
+)
+system_option = click.option(
+    "--system",
+    "system_wide",
+    is_flag=True,
+    help="As root (sudo): a LaunchDaemon or system unit that starts at boot with nobody logged "
+    "in, running as the user who ran sudo.",
 )
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Print the file and the commands; change nothing."
 )
 
 
+def _target(kind: str | None, system_wide: bool) -> Any:
+    from mlx_watchdog import service
+    from mlx_watchdog.act.managers import System
+
+    try:
+        return service.target(
+            cast(service.Kind, kind or service.default_kind()), System(), system_wide=system_wide
+        )
+    except service.ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @click.command()
 @config_option
 @target_option
+@system_option
 @dry_run_option
-def install(config_path: Path | None, target: str | None, dry_run: bool) -> None:
-    """Install the watchdog as a launchd agent or a systemd user unit, and start it.
+def install(config_path: Path | None, target: str | None, system_wide: bool, dry_run: bool) -> None:
+    """Install the watchdog as a launchd job or a systemd unit, and start it.
 
     Runs again safely: the job is replaced with the new file. A missing config file is
-    created from the template first.
+    created from the template first. Without a GUI login on a Mac the job goes into the user's
+    launchd domain (it does not start at boot); --system makes it start at boot.
     """
     from mlx_watchdog import service
     from mlx_watchdog.config import resolve_config_path, write_template
 
-    kind = cast(service.Target, target or service.default_target())
+    tgt = _target(target, system_wide)
     path = resolve_config_path(config_path)[0].expanduser().absolute()
     if path.exists():
         load_or_exit(path)
@@ -249,29 +269,20 @@ def install(config_path: Path | None, target: str | None, dry_run: bool) -> None
     else:
         write_template(path)
         err.print(f"wrote a config template to {path}; edit it, then run install again")
-    content = service.watchdog_content(
-        kind, config=path, home=Path.home(), env=os.environ, python=service.interpreter()
-    )
-    label = service.WATCHDOG_LABEL if kind == "launchd" else service.WATCHDOG_UNIT
-    plan = service.install_plan(
-        kind, label=label, content=content, home=Path.home(), env=os.environ, uid=os.getuid()
+    plan = tgt.watchdog_plan(
+        config=path, home=Path.home(), env=os.environ, python=service.interpreter()
     )
     _carry_out(plan, dry_run)
 
 
 @click.command()
 @target_option
+@system_option
 @dry_run_option
-def uninstall(target: str | None, dry_run: bool) -> None:
+def uninstall(target: str | None, system_wide: bool, dry_run: bool) -> None:
     """Stop the watchdog's service and remove its file (config and history stay)."""
-    from mlx_watchdog import service
-
-    kind = cast(service.Target, target or service.default_target())
-    label = service.WATCHDOG_LABEL if kind == "launchd" else service.WATCHDOG_UNIT
-    plan = service.uninstall_plan(
-        kind, label=label, home=Path.home(), env=os.environ, uid=os.getuid()
-    )
-    _carry_out(plan, dry_run)
+    tgt = _target(target, system_wide)
+    _carry_out(tgt.uninstall_plan(tgt.watchdog_label, home=Path.home(), env=os.environ), dry_run)
 
 
 @click.group()
@@ -286,6 +297,7 @@ def server() -> None:
 @click.option("--draft-model", help="Draft model for speculative decoding (serves serially).")
 @click.option("--name", help="The server's name in the config (default: mlx-PORT).")
 @target_option
+@system_option
 @dry_run_option
 def server_install(
     config_path: Path | None,
@@ -294,14 +306,18 @@ def server_install(
     draft_model: str | None,
     name: str | None,
     target: str | None,
+    system_wide: bool,
     dry_run: bool,
 ) -> None:
-    """Install mlx_lm.server as a service and add it to the config with the matching manager."""
+    """Install mlx_lm.server as a service and add it to the config with the matching manager.
+
+    With --system the server runs as the watchdog's own child (manager = "process") under the
+    watchdog's system job: a watchdog running as a user may not restart a system job.
+    """
     from mlx_watchdog import service
     from mlx_watchdog.config import append_server, resolve_config_path, to_toml
     from mlx_watchdog.demo.run import missing_server_extra
 
-    kind = cast(service.Target, target or service.default_target())
     name = name or f"mlx-{port}"
     url = f"http://127.0.0.1:{port}"
     path = resolve_config_path(config_path)[0].expanduser().absolute()
@@ -317,25 +333,20 @@ def server_install(
                 f'{path} already has server "{other.name}" at {other.url}; '
                 "choose another --name/--port, or edit that entry"
             )
-    content, log = service.server_content(
-        kind,
-        name=name,
-        args=service.server_args(model, port, draft_model),
-        home=Path.home(),
-        env=os.environ,
-        python=service.interpreter(),
-    )
-    label = service.server_label(name) if kind == "launchd" else service.server_unit(name)
-    plan = service.install_plan(
-        kind, label=label, content=content, home=Path.home(), env=os.environ, uid=os.getuid()
-    )
-    entry: dict[str, Any] = {"name": name, "url": url, "manager": kind}
-    if kind == "launchd":
-        entry.update(label=label, plist=str(plan.path), log_file=str(log))
+    args = service.server_args(model, port, draft_model)
+    entry: dict[str, Any] = {"name": name, "url": url}
+    if system_wide:
+        command = [service.interpreter(), "-m", "mlx_lm", "server", *args]
+        env = {k: os.environ[k] for k in service.SERVER_ENV if os.environ.get(k)}
+        entry.update(manager="process", command=command, **({"env": env} if env else {}))
     else:
-        entry.update(unit=label)
+        tgt = _target(target, system_wide)
+        plan, keys = tgt.server_plan(
+            name=name, args=args, home=Path.home(), env=os.environ, python=service.interpreter()
+        )
+        entry.update(manager=tgt.kind, **keys)
+        _carry_out(plan, dry_run)
     block = to_toml({"server": [entry]})
-    _carry_out(plan, dry_run)
     if dry_run:
         click.echo(f"# would add to {path}:\n{block}", nl=False)
         return
@@ -350,13 +361,8 @@ def server_install(
 @dry_run_option
 def server_uninstall(name: str, target: str | None, dry_run: bool) -> None:
     """Stop and remove the server service NAME (its config entry stays; remove it by hand)."""
-    from mlx_watchdog import service
-
-    kind = cast(service.Target, target or service.default_target())
-    label = service.server_label(name) if kind == "launchd" else service.server_unit(name)
-    plan = service.uninstall_plan(
-        kind, label=label, home=Path.home(), env=os.environ, uid=os.getuid()
-    )
+    tgt = _target(target, False)
+    plan = tgt.uninstall_plan(tgt.server_label(name), home=Path.home(), env=os.environ)
     _carry_out(plan, dry_run)
 
 
@@ -369,9 +375,9 @@ def _carry_out(plan: Any, dry_run: bool) -> None:
         else:
             click.echo(f"# would write {plan.path} (mode 0644):")
             click.echo(plan.content.decode(), nl=False)
-        click.echo("# would run:")
-        for argv in plan.commands:
-            click.echo("  " + shlex.join(argv))
+        click.echo(f"# would run ({plan.domain}):")
+        for step in plan.steps:
+            click.echo("  " + step.show())
     else:
         try:
             from mlx_watchdog.act.managers import System

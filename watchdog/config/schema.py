@@ -21,6 +21,7 @@ from mlx_watchdog.config.values import (
     int_range,
     parse_argv,
     parse_bool,
+    parse_domain,
     parse_duration,
     parse_env,
     parse_manager,
@@ -164,6 +165,12 @@ class ServerConfig:
         parse=parse_path,
         doc="launchd, for bootstrap",
         example="~/Library/LaunchAgents/com.example.mlx-server.plist",
+    )
+    domain: str | None = setting(
+        None,
+        parse=parse_domain,
+        doc="launchd: where the job is loaded (install writes it)",
+        example="gui/501",
     )
     unit: str | None = setting(
         None, parse=parse_str, doc="systemd --user", example="mlx-server.service"

@@ -201,3 +201,15 @@ def parse_manager(value: object, where: str) -> Manager:
     if value not in MANAGERS:
         raise ValueError(f"{where} = {show(value)} must be one of: {', '.join(MANAGERS)}")
     return value
+
+
+def parse_domain(value: object, where: str) -> str:
+    """A launchd domain: "gui/<uid>", "user/<uid>" or "system"."""
+    text = parse_str(value, where)
+    kind, _, uid = text.partition("/")
+    if text != "system" and not (kind in ("gui", "user") and uid.isdigit()):
+        raise ValueError(
+            f'{where} = {show(value)} must be a launchd domain: "gui/<uid>", "user/<uid>" '
+            'or "system"'
+        )
+    return text

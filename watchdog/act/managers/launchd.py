@@ -1,15 +1,94 @@
-"""launchd: `launchctl kickstart -k`, escalating to bootout + bootstrap of the job's plist."""
+"""launchd: `launchctl kickstart -k`, escalating to bootout + bootstrap of the job's plist.
+
+launchd as it is: `bootout` returns before the job is torn down (launchd logs "scheduling
+cleanup in 5 sec"), so a `bootstrap` right after it fails with 5 or 37 for a few seconds, and a
+second `bootout` meanwhile exits 36 ("Operation now in progress"). The helpers here wait for
+the job to be gone and retry the bootstrap, for the restart escalation and the installer alike.
+`launchctl print` output "is not API": it is parsed defensively, and what is not understood
+is said.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_watchdog.act.managers import Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
 REPLACE_TIMEOUT = 15.0
-_PID = re.compile(r"^\s*pid = (\d+)\s*$", re.MULTILINE)
+NOT_LOADED = frozenset({3, 113})  # "No such process", "Could not find service"
+IN_PROGRESS = 36  # bootout: "Operation now in progress"
+BUSY = frozenset({5, 37})  # bootstrap while the old job is torn down: I/O error, in progress
+EXIT_TIMEOUT = 20.0  # launchd's default ExitTimeOut
+BOOTSTRAP_RETRY = 30.0
+# The job's own lines are one tab deep; nested blocks (jetsam, endpoints) are deeper.
+_PID = re.compile(r"^\tpid = (\d+)\s*$", re.MULTILINE)
+_STATE = re.compile(r"^\tstate = (.+?)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What `launchctl print domain/label` says of a loaded job."""
+
+    pid: int | None
+    running: bool
+    problem: str | None = None  # what was not understood
+
+
+def parse_print(out: str) -> JobInfo:
+    pid = _PID.search(out)
+    state = _STATE.search(out)
+    if state is None:
+        return JobInfo(None, False, "no `state =` line in launchctl print's output")
+    running = state.group(1) == "running"
+    if running and pid is None:
+        return JobInfo(None, False, "state = running but no `pid =` line")
+    return JobInfo(int(pid.group(1)) if pid and running else None, running)
+
+
+def job_info(system: System, target: str) -> JobInfo | None:
+    """The job, or None when it is not loaded (print exits 113)."""
+    code, out = system.run(["launchctl", "print", target], timeout=10)
+    if code != 0:
+        return None
+    return parse_print(out)
+
+
+def domain_exists(system: System, domain: str) -> bool:
+    code, _ = system.run(["launchctl", "print", domain], timeout=10)
+    return code == 0
+
+
+def bootout(system: System, target: str, exit_timeout: float = EXIT_TIMEOUT) -> tuple[bool, str]:
+    """Unload `target` and wait until launchd has torn it down; (gone, what happened)."""
+    code, out = system.run(["launchctl", "bootout", target], timeout=30)
+    said = f"launchctl bootout {target}: exit {code}"
+    if code not in (0, IN_PROGRESS, *NOT_LOADED):
+        return False, f"{said}: {_last(out)}"
+    gone = wait_for(lambda: job_info(system, target) is None, exit_timeout + 10, system, 0.25)
+    if not gone:
+        return False, f"{said}; still loaded after {exit_timeout + 10:g} s"
+    return True, said
+
+
+def bootstrap(system: System, domain: str, plist: Path) -> tuple[int, str]:
+    """Load `plist` into `domain`, retrying while an old job of that label is torn down."""
+    deadline = system.clock() + BOOTSTRAP_RETRY
+    pause = 0.5
+    while True:
+        code, out = system.run(["launchctl", "bootstrap", domain, str(plist)], timeout=30)
+        if code not in BUSY or system.clock() + pause > deadline or system.interrupted:
+            said = f"launchctl bootstrap {domain} {plist}: exit {code}"
+            return code, said if code == 0 else f"{said}: {_last(out)}"
+        system.sleep(pause)
+        pause = min(pause * 2, 5.0)
+
+
+def _last(out: str) -> str:
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
 
 
 class LaunchdManager:
@@ -26,21 +105,18 @@ class LaunchdManager:
 
     @property
     def domain(self) -> str:
-        return f"gui/{self.system.uid()}"
+        return self.server.domain or f"gui/{self.system.uid()}"
 
     @property
     def target(self) -> str:
         return f"{self.domain}/{self.label}"
 
     def pid(self) -> int | None:
-        code, out = self.system.run(["launchctl", "print", self.target], timeout=10)
-        if code != 0:
-            return None
-        match = _PID.search(out)
-        return int(match.group(1)) if match else None
+        info = job_info(self.system, self.target)
+        return info.pid if info is not None else None
 
     def exited(self) -> str | None:
-        return None  # the service manager restarts its own job (KeepAlive, Restart=)
+        return None  # launchd restarts its own job (KeepAlive)
 
     def start(self) -> None:
         pass  # launchd owns the job's life
@@ -61,20 +137,20 @@ class LaunchdManager:
         if code == 0 and wait_for(replaced, REPLACE_TIMEOUT, self.system):
             return Outcome(True, f"kickstart replaced PID {before} with {self.pid()}", tuple(steps))
 
-        # Throttled, unloaded or stuck: unload and load the job again, then start it.
-        why = out.splitlines()[-1] if code != 0 and out else "the process was not replaced"
+        # Throttled, unloaded or stuck: unload, wait for the teardown, load again, start it.
+        why = _last(out) if code != 0 else "the process was not replaced"
         if not self.plist.exists():
             return Outcome(
                 False, f"kickstart failed ({why}) and {self.plist} does not exist", tuple(steps)
             )
-        code, out = self.system.run(["launchctl", "bootout", self.target], timeout=30)
-        steps.append(f"launchctl bootout {self.target}: exit {code}")  # not loaded is fine
-        code, out = self.system.run(
-            ["launchctl", "bootstrap", self.domain, str(self.plist)], timeout=30
-        )
-        steps.append(f"launchctl bootstrap {self.domain} {self.plist}: exit {code}")
+        gone, said = bootout(self.system, self.target)
+        steps.append(said)
+        if not gone:
+            return Outcome(False, f"{why}; the old job would not go: {said}", tuple(steps))
+        code, said = bootstrap(self.system, self.domain, self.plist)
+        steps.append(said)
         if code != 0:
-            return Outcome(False, f"bootstrap failed: {out}", tuple(steps))
+            return Outcome(False, f"{why}; {said}", tuple(steps))
         code, out = self.system.run(["launchctl", "kickstart", self.target], timeout=30)
         steps.append(f"launchctl kickstart {self.target}: exit {code}")
         if wait_for(replaced, REPLACE_TIMEOUT, self.system):

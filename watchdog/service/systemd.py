@@ -1,0 +1,168 @@
+"""systemd units: a user unit (`systemctl --user`), or with --system a system unit with `User=`.
+
+A user unit runs while its user has a session; `loginctl enable-linger` keeps it running from
+boot with nobody logged in. A system unit starts at boot as the user who ran sudo.
+"""
+
+from __future__ import annotations
+
+import pwd
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlx_watchdog.act.managers import System
+from mlx_watchdog.service import (
+    SERVER_ENV,
+    STOP_BOUND,
+    WATCHDOG_UNIT,
+    Kind,
+    Plan,
+    ServiceError,
+    Step,
+    no_placeholders,
+    server_unit,
+    service_env,
+    template,
+)
+
+SYSTEM_UNITS = Path("/etc/systemd/system")
+
+
+def user_unit_dir(env: Mapping[str, str], home: Path) -> Path:
+    base = env.get("XDG_CONFIG_HOME") or str(home / ".config")
+    return Path(base) / "systemd" / "user"
+
+
+def quote(arg: str) -> str:
+    """One argument of a systemd command line: % and $ are specifiers there."""
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if arg and not re.search(r"[\s\"'\\;]", arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Systemd:
+    kind: Kind = "systemd"
+    watchdog_label = WATCHDOG_UNIT
+
+    def __init__(self, system: System, *, system_wide: bool = False) -> None:
+        self.system = system
+        self.system_wide = system_wide
+        if system_wide and system.uid() != 0:
+            raise ServiceError("--system writes a system unit: run it with sudo")
+        self.domain = "system" if system_wide else "user"
+        self.ctl = ("systemctl",) if system_wide else ("systemctl", "--user")
+
+    def server_label(self, name: str) -> str:
+        return server_unit(name)
+
+    def _user(self, env: Mapping[str, str], home: Path) -> tuple[str | None, Path]:
+        if not self.system_wide:
+            return None, home
+        name = env.get("SUDO_USER")
+        if not name or name == "root":
+            raise ServiceError(
+                "--system runs the unit as the user who ran sudo; run it as "
+                "`sudo mlx-watchdog install --system` from that user's shell"
+            )
+        try:
+            return name, Path(pwd.getpwnam(name).pw_dir)
+        except KeyError:
+            raise ServiceError(f'SUDO_USER = "{name}" is not a user of this machine') from None
+
+    def _path(self, label: str, env: Mapping[str, str], home: Path) -> Path:
+        return (SYSTEM_UNITS if self.system_wide else user_unit_dir(env, home)) / label
+
+    def _render(
+        self,
+        name: str,
+        *,
+        python: str,
+        env: Mapping[str, str],
+        user: str | None,
+        values: Mapping[str, str] = {},
+        args: Sequence[str] = (),
+    ) -> bytes:
+        lines = template("units", f"{name}.service").splitlines(keepends=True)
+        while lines and lines[0].startswith("#"):
+            lines.pop(0)  # the template's own comment
+        text = "# Written by mlx-watchdog; running the install again replaces it.\n"
+        text += "".join(lines)
+        environment = "\n".join(f"Environment={quote(f'{k}={v}')}" for k, v in env.items())
+        if user is not None:
+            environment = f"User={user}\n{environment}"
+            text = text.replace("WantedBy=default.target", "WantedBy=multi-user.target")
+        text = text.replace("Environment=@ENV@", environment)
+        text = text.replace("@PYTHON@", quote(python))
+        text = text.replace("@SERVER_ARGS@", " ".join(quote(a) for a in args))
+        text = text.replace("@STOP@", str(STOP_BOUND))
+        for key, value in values.items():
+            text = text.replace(key, quote(value) if key == "@CONFIG@" else value)
+        no_placeholders(text)
+        return text.encode()
+
+    def _install(self, label: str, content: bytes, env: Mapping[str, str], home: Path) -> Plan:
+        """Write the unit, then (re)start it: `enable --now` would keep an old process running."""
+        hints: tuple[str, ...] = ()
+        if not self.system_wide:
+            hints = (
+                "to keep it running while you are logged out, and start it at boot: "
+                "loginctl enable-linger " + (env.get("USER") or "$USER"),
+            )
+        return Plan(
+            self.kind,
+            self._path(label, env, home),
+            content,
+            (
+                Step((*self.ctl, "daemon-reload")),
+                Step((*self.ctl, "enable", label)),
+                Step((*self.ctl, "restart", label)),
+            ),
+            hints=hints,
+            label=label,
+            domain=self.domain,
+        )
+
+    def watchdog_plan(
+        self, *, config: Path, home: Path, env: Mapping[str, str], python: str
+    ) -> Plan:
+        user, home = self._user(env, home)
+        content = self._render(
+            "mlx-watchdog",
+            python=python,
+            env=service_env(env, home),
+            user=user,
+            values={"@CONFIG@": str(config)},
+        )
+        return self._install(WATCHDOG_UNIT, content, env, home)
+
+    def server_plan(
+        self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str
+    ) -> tuple[Plan, dict[str, Any]]:
+        user, home = self._user(env, home)
+        label = server_unit(name)
+        content = self._render(
+            "mlx-server",
+            python=python,
+            env=service_env(env, home, SERVER_ENV),
+            user=user,
+            values={"@NAME@": name},
+            args=args,
+        )
+        return self._install(label, content, env, home), {"unit": label}
+
+    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> Plan:
+        return Plan(
+            self.kind,
+            self._path(label, env, home),
+            None,
+            (
+                # Not loaded, or no such unit: already gone.
+                Step((*self.ctl, "disable", "--now", label), ok=frozenset({0, 1, 5})),
+                Step((*self.ctl, "daemon-reload")),
+            ),
+            label=label,
+            domain=self.domain,
+        )
