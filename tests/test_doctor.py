@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.act.managers import System
 from mlx_watchdog.advice.calibrate import Calibration, Fit, Point, advise
 from mlx_watchdog.advice.doctor import Finding, exit_code, run_doctor
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
@@ -173,3 +175,37 @@ def test_doctor_command_exit_code_and_json(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     levels = {f["level"] for f in json.loads(proc.stdout)}
     assert levels == {"ok", "warning", "problem"}
+
+
+def test_on_a_mac_doctor_names_what_launchd_jobs_trip_over(tmp_path: Path) -> None:
+    from mlx_watchdog.advice.doctor import mac_findings
+    from mlx_watchdog.config import parse_config
+
+    class Headless(System):
+        def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
+            assert list(argv) == ["launchctl", "print", f"gui/{self.uid()}"]
+            return 113, "Could not find domain"
+
+    home = tmp_path / "home"
+    config = parse_config(
+        {
+            "watchdog": {"alerts": ["macosx://", "ntfy://topic"]},
+            "server": [
+                {
+                    "url": "http://127.0.0.1:8080",
+                    "manager": "process",
+                    "command": ["mlx_lm.server", "--model", str(home / "Downloads" / "qwen")],
+                }
+            ],
+        }
+    )
+    findings = list(mac_findings(config, home, Headless(), python="/Volumes/ext/venv/bin/python"))
+    text = [(f.level, f.what, f.detail) for f in findings]
+    assert any(lvl == "warning" and "GUI session" in d for lvl, _, d in text), text
+    assert any("~/Downloads" in d and "qwen" in d for _, _, d in text), text
+    assert any("an external volume" in d for _, _, d in text), text
+    notifier = [f for f in findings if "terminal-notifier" in f.detail]
+    assert notifier and notifier[0].fix == "brew install terminal-notifier"  # not on Linux
+
+    calm = parse_config({"server": [{"url": "http://127.0.0.1:8080"}]})
+    assert list(mac_findings(calm, home, Headless(), python="/opt/venv/bin/python")) == []

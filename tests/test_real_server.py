@@ -12,6 +12,7 @@ import pytest
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.judge.check import check_once
+from mlx_watchdog.judge.verdict import Evidence
 from tests.conftest import Running, StartServer, free_port, mlx_watchdog
 
 pytestmark = pytest.mark.real_server
@@ -53,8 +54,7 @@ def test_repeated_probe_is_served_from_the_prompt_cache(batched_server: Running)
 def test_abandoned_requests_wedge_the_serial_server(serial_server: Running) -> None:
     assert send(serial_server.url, long_prompt(1), timeout=GIVE_UP_AFTER) == "gave up"
     code, doc = cli("probe", "--url", serial_server.url, "--wedge-after", WEDGE_AFTER, "--json")
-    ev = doc["evidence"]
-    assert isinstance(ev, dict)
+    ev = Evidence.from_json(doc["evidence"])
     assert (code, doc["state"]) == (2, "wedged"), doc["reason"]
     assert ev.abandoned_connections >= 1 and ev.models_status == 200
     assert ev.bytes == 0 and ev.tokens == 0
@@ -67,8 +67,7 @@ def test_patient_long_request_is_busy(
     patient_client()
     time.sleep(1.0)
     code, doc = cli("probe", "--url", serial_server.url, "--wedge-after", WEDGE_AFTER, "--json")
-    ev = doc["evidence"]
-    assert isinstance(ev, dict)
+    ev = Evidence.from_json(doc["evidence"])
     assert (code, doc["state"]) == (1, "busy"), doc["reason"]
     assert ev.live_connections == 1 and ev.abandoned_connections == 0
     assert ev.cpu_percent > 50

@@ -57,6 +57,8 @@ def run_doctor(
     for warning in config.warnings:
         yield Finding("warning", "config", warning)
     yield from _service(system, home, env)
+    if service.default_kind() == "launchd":
+        yield from mac_findings(config, home, system, python=service.interpreter())
     yield _endpoint(config)
     store = open_history(config.watchdog.state_dir, create=False)
     try:
@@ -124,6 +126,77 @@ def _launchd(system: System, home: Path) -> Iterator[Finding]:
         f"{where} is installed but not loaded in any launchd domain",
         "mlx-watchdog install (it loads and starts it)",
     )
+
+
+NOTIFIER_PATHS = (  # where Apprise's macosx:// looks for terminal-notifier
+    "/opt/homebrew/bin/terminal-notifier",
+    "/usr/local/bin/terminal-notifier",
+    "/usr/bin/terminal-notifier",
+    "/bin/terminal-notifier",
+    "/opt/local/bin/terminal-notifier",
+)
+PROTECTED = ("Documents", "Desktop", "Downloads")  # macOS privacy protection (TCC) folders
+
+
+def mac_findings(
+    config: Config, home: Path, system: System, *, python: str
+) -> Iterator[Finding]:
+    """What launchd jobs on a Mac trip over: notifications need a GUI session and
+    terminal-notifier, and privacy protection can keep a job out of some folders."""
+    if any(url.startswith("macosx://") for url in config.watchdog.alerts):
+        if not any(os.access(p, os.X_OK) for p in NOTIFIER_PATHS):
+            yield Finding(
+                "problem",
+                "alerts",
+                "macosx:// alerts need terminal-notifier, which Apprise looks for in "
+                + ", ".join(NOTIFIER_PATHS),
+                "brew install terminal-notifier",
+            )
+        from mlx_watchdog.act.managers.launchd import domain_exists
+
+        if not domain_exists(system, f"gui/{system.uid()}"):
+            yield Finding(
+                "warning",
+                "alerts",
+                "macosx:// alerts show only in a GUI session; nobody is logged in at the screen",
+                "add an alert that leaves the machine (ntfy://, mailto://, a webhook)",
+            )
+    places = [("the Python the service runs", Path(python))]
+    if config.source is not None:
+        places.append(("the config", config.source))
+    places += [(f"{s.name}'s model", Path(m)) for s in config.servers for m in _models(s)]
+    for what, path in places:
+        where = _protected(path, home)
+        if where:
+            yield Finding(
+                "warning",
+                "privacy",
+                f"{what} is under {where} ({path}): macOS privacy protection can keep a "
+                "launchd job from reading it",
+                "move it out (e.g. ~/mlx or /opt), or grant the interpreter Full Disk Access",
+            )
+
+
+def _models(server: ServerConfig) -> list[str]:
+    args = list(server.command)
+    if server.plist is not None and server.plist.exists():
+        import plistlib
+
+        try:
+            args = [str(a) for a in plistlib.loads(server.plist.read_bytes())["ProgramArguments"]]
+        except (OSError, ValueError, KeyError):
+            args = []
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--model", "--draft-model")]
+
+
+def _protected(path: Path, home: Path) -> str | None:
+    path = path.expanduser()
+    for name in PROTECTED:
+        if path.is_relative_to(home / name):
+            return f"~/{name}"
+    if path.is_relative_to("/Volumes"):
+        return "an external volume"
+    return None
 
 
 def _systemd(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:
