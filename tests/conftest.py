@@ -399,7 +399,8 @@ def hanging(tmp_path: Path) -> Iterator[BadByPidfile]:
 
 class FakeServices:
     """The fake launchctl (fakes/fakelaunchd.py) and systemctl (fakes/fakesvc.py) on PATH,
-    and their state: the machine (who has a GUI login, the LaunchDaemons folder) and the jobs."""
+    and their state: the machine (who has a GUI login, whose user manager runs, the
+    LaunchDaemons and system units folders) and the jobs."""
 
     def __init__(self, root: Path, gui: list[int] | None = None) -> None:
         import json
@@ -415,9 +416,7 @@ class FakeServices:
         )
         systemctl = self.bin / "systemctl"
         systemctl.write_text(
-            f"#!{sys.executable}\nimport sys\n"
-            f"sys.path.insert(0, {str(TESTS / 'fakes')!r})\n"
-            "import fakesvc\nsys.exit(fakesvc.main('systemctl'))\n"
+            f"#!/bin/sh\nexec {sys.executable} {TESTS / 'fakes' / 'fakesvc.py'} \"$@\"\n"
         )
         for exe in (launchctl, systemctl):
             exe.chmod(0o755)
@@ -453,6 +452,10 @@ class FakeServices:
             return []
         return [self.json.loads(line) for line in self.log.read_text().splitlines()]
 
+    def systemd_unit(self, scope: str, unit: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = self.table().get("systemd", {}).get(scope, {}).get(unit)
+        return found
+
     def launchd_job(self, domain: str, label: str) -> dict[str, Any] | None:
         job: dict[str, Any] | None = self.table().get("launchd", {}).get(domain, {}).get(label)
         return job
@@ -460,7 +463,7 @@ class FakeServices:
     def pids(self) -> list[int]:
         table = self.table()
         jobs = [j for d in table.get("launchd", {}).values() for j in d.values()]
-        jobs += list(table.get("systemd", {}).values())
+        jobs += [j for s in table.get("systemd", {}).values() for j in s.values()]
         return [int(j[k]) for j in jobs for k in ("pid", "supervisor") if j.get(k)]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import plistlib
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -51,7 +52,14 @@ def install_job(kind: str, fakes: FakeServices, tmp_path: Path, port: int) -> di
             "domain": domain,
         }
     else:
-        fakes.save({"systemd": {UNIT: {"argv": job_argv(port)}}})
+        folder = tmp_path / "config" / "systemd" / "user"
+        folder.mkdir(parents=True)
+        (folder / UNIT).write_text(
+            f"[Service]\nExecStart={shlex.join(job_argv(port))}\n"
+            f"Environment=PATH={os.environ['PATH']}\nRestart=on-failure\n"
+        )
+        env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+        subprocess.run(["systemctl", "--user", "daemon-reload"], check=True, env=env)
         start = ["systemctl", "--user", "start", UNIT]
         keys = {"manager": "systemd", "unit": UNIT}
     subprocess.run(start, check=True)

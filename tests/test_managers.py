@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import plistlib
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from mlx_watchdog.act.heal import Healer, Watch
 from mlx_watchdog.act.managers import System, identity_problem
@@ -108,9 +110,22 @@ def test_launchd_unknown_job_has_no_pid_and_no_plist_fails_clearly(
     assert not outcome.ok and "missing.plist does not exist" in outcome.detail
 
 
-def test_systemd_restart(fake_services: FakeServices) -> None:
+def systemd_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+    """mlx.service in this test's user unit folder, loaded by daemon-reload."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    folder = tmp_path / "config" / "systemd" / "user"
+    folder.mkdir(parents=True)
+    (folder / "mlx.service").write_text(
+        f"[Service]\nExecStart={shlex.join(bad_argv(port))}\nRestart=on-failure\n"
+    )
+    subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
+
+
+def test_systemd_restart(
+    fake_services: FakeServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = free_port()
-    fake_services.save({"systemd": {"mlx.service": {"argv": bad_argv(port)}}})
+    systemd_unit(tmp_path, monkeypatch, port)
     m = SystemdManager(server(port, manager="systemd", unit="mlx.service"), System())
     assert m.pid() is None
     assert m.restart().ok
@@ -218,3 +233,38 @@ def test_process_manager_runs_restarts_stops_and_adopts(tmp_path: Path) -> None:
     again.stop()
     assert until(lambda: not System().alive(second), 10, "the child to stop")
     m.stop()
+
+
+def test_a_user_unit_needs_a_running_user_manager(fake_services: FakeServices) -> None:
+    """Over SSH without a session or lingering there is no user manager to talk to."""
+    fake_services.machine(user_managers=[])
+    m = SystemdManager(server(free_port(), manager="systemd", unit="mlx.service"), System())
+    assert m.pid() is None
+    outcome = m.restart()
+    assert not outcome.ok and "Failed to connect to bus" in outcome.detail
+
+
+def test_a_unit_that_keeps_failing_stops_at_its_start_limit(
+    fake_services: FakeServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    folder = tmp_path / "config" / "systemd" / "user"
+    folder.mkdir(parents=True)
+    (folder / "crash.service").write_text(
+        f"[Unit]\nStartLimitIntervalSec=30\nStartLimitBurst=3\n[Service]\n"
+        f"ExecStart={sys.executable} -c 'raise SystemExit(3)'\nRestart=on-failure\n"
+        "RestartSec=0.1\n"
+    )
+    subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
+    subprocess.run(["systemctl", "--user", "start", "crash.service"], check=True)
+    until(
+        lambda: (fake_services.systemd_unit("user", "crash.service") or {}).get("failed"),
+        20,
+        "the unit to fail",
+    )
+    unit = fake_services.systemd_unit("user", "crash.service") or {}
+    assert len(unit["starts"]) == 3  # StartLimitBurst, then no more
+    active = subprocess.run(
+        ["systemctl", "--user", "is-active", "crash.service"], capture_output=True, text=True
+    )
+    assert (active.returncode, active.stdout.strip()) == (3, "failed")

@@ -180,7 +180,7 @@ def test_units_pass_systemd_analyze_verify(
 
 
 def job_pid(fakes: FakeServices, name: str) -> int | None:
-    job = fakes.table().get("systemd", {}).get(name, {})
+    job = fakes.systemd_unit("user", name) or {}
     pid = job.get("pid")
     return int(pid) if pid and psutil.pid_exists(int(pid)) else None
 
@@ -216,7 +216,7 @@ def test_install_reinstall_uninstall(home: Path, fake_services: FakeServices) ->
     assert again.returncode == 0, again.stderr
     second = until(lambda: job_pid(fake_services, name), 20, "the replaced job")
     assert second != pid and gone(pid)
-    assert len([p for p in fake_services.pids() if psutil.pid_exists(p)]) == 1
+    assert len([p for p in fake_services.pids() if not gone(p)]) == 2  # the unit, its supervisor
 
     removed = mlx_watchdog("uninstall", "--target", "systemd")
     assert removed.returncode == 0, removed.stderr

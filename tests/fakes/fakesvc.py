@@ -1,27 +1,50 @@
-"""Fake `systemctl --user` that keeps a small job table and runs real processes (the fake
-`launchctl` is fakelaunchd.py).
+"""A stand-in for `systemctl` with systemd's own semantics, as harsh as the real one.
 
-The job table is a JSON file ($FAKE_SVC_STATE); every call's argv is appended to
-$FAKE_SVC_LOG. restart kills the unit's process and starts a new one, show reports the PID,
-daemon-reload reads the user's unit files (ExecStart, Environment); enable/disable [--now] need
-a loaded unit.
+- `systemctl --user` talks to the user's service manager, which runs only while the user has a
+  session or lingering (the machine's "user_managers" list); otherwise it fails as systemd
+  does: "Failed to connect to bus: No medium found", exit 1. `systemctl` (the system instance)
+  changes nothing for anyone but root: "Access denied", exit 4.
+- daemon-reload reads the unit files (the user's folder, or /etc/systemd/system's stand-in in
+  the machine's "system_units"); units are loaded from them and forgotten when they are gone.
+- A started unit runs under a small supervisor process: `Restart=on-failure` respawns it
+  `RestartSec` after a failure, until `StartLimitBurst` starts within `StartLimitIntervalSec`
+  (then the unit is "failed"). stop and restart are synchronous, as systemctl waits for its job:
+  SIGTERM, `TimeoutStopSec` (default 90 s), SIGKILL.
+- A unit gets only its `Environment=` lines, runs in `WorkingDirectory` (default: the user's
+  home for the user manager, `/` for the system one) and as `User=` when the system runs it.
+
+State is one JSON file ($FAKE_SVC_STATE) under a lock; every call is appended to $FAKE_SVC_LOG.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import pwd
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 STATE = Path(os.environ["FAKE_SVC_STATE"])
-LOG = Path(os.environ["FAKE_SVC_LOG"])
+UID = os.getuid()
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[dict[str, Any]]:
+    with open(STATE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(STATE.read_text()) if STATE.exists() else {}
+        yield state
+        tmp = STATE.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(STATE)  # readers without the lock (the tests) see one whole state
 
 
 def alive(pid: int | None) -> bool:
@@ -34,75 +57,101 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-def spawn(job: dict[str, Any]) -> None:
-    out = open(job.get("log", os.devnull), "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        job["argv"],
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=out,
-        start_new_session=True,
-        env={**os.environ, **job.get("env", {})},
-    )
-    job["pid"] = proc.pid
+def err(message: str, code: int) -> int:
+    print(message, file=sys.stderr)
+    return code
 
 
-def kill(job: dict[str, Any]) -> None:
-    pid = job.get("pid")
-    if alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
+def units_of(state: dict[str, Any], scope: str) -> dict[str, Any]:
+    return state.setdefault("systemd", {}).setdefault(scope, {})
+
+
+def systemctl(args: list[str]) -> int:
+    scope = "user" if "--user" in args else "system"
+    args = [a for a in args if a != "--user"]
+    cmd, rest = args[0], args[1:]
+    now = "--now" in rest
+    names = [a for a in rest if not a.startswith("-")]
+    with locked() as state:
+        machine = state.get("machine", {})
+        if scope == "user" and UID not in machine.get("user_managers", [UID]):
+            return err("Failed to connect to bus: No medium found", 1)
+        units = units_of(state, scope)
+        if cmd == "show":
+            job = units.get(names[-1], {})
+            print(job["pid"] if alive(job.get("pid")) else 0)
+            return 0
+        if cmd == "is-active":
+            job = units.get(names[0], {})
+            active = alive(job.get("pid"))
+            print("active" if active else ("failed" if job.get("failed") else "inactive"))
+            return 0 if active else 3
+        if scope == "system" and UID != 0:
+            return err(f"Failed to {cmd} {' '.join(names)}: Access denied", 4)
+        if cmd == "daemon-reload":
+            reload_unit_files(units, unit_folder(state, scope))
+            return 0
+        unit = names[-1] if names else ""
+        if unit not in units:
+            if cmd in ("enable", "disable"):
+                return err(f"Failed to {cmd} unit: Unit file {unit} does not exist.", 1)
+            return err(f"Failed to {cmd} {unit}: Unit {unit} not found.", 5)
+        job = units[unit]
+        if cmd in ("enable", "disable"):
+            job["enabled"] = cmd == "enable"
+            if not now:
+                return 0
+            cmd = "start" if cmd == "enable" else "stop"
+        if cmd in ("restart", "stop"):
+            stop(job)
+        if cmd in ("restart", "start"):
+            job.update(failed=False, starts=[], wanted=True)
+            if not alive(job.get("supervisor")):
+                job["supervisor"] = subprocess.Popen(
+                    [sys.executable, __file__, "supervise", scope, unit],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=dict(os.environ),
+                ).pid
+    if cmd in ("restart", "start"):
+        # systemctl waits for the start job: the process exists when it returns.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with locked() as state:
+                job = units_of(state, scope).get(unit, {})
+                if alive(job.get("pid")) or job.get("failed"):
+                    break
+            time.sleep(0.05)
+    return 0
+
+
+def stop(job: dict[str, Any]) -> None:
+    """systemctl waits for the stop: SIGTERM, TimeoutStopSec, SIGKILL."""
+    job["wanted"] = False
+    for key in ("supervisor", "pid"):
+        pid = job.get(key)
+        if not alive(pid):
+            continue
+        os.kill(pid, signal.SIGTERM if key == "pid" else signal.SIGKILL)
+        deadline = time.monotonic() + (job.get("timeout_stop", 90.0) if key == "pid" else 5)
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
-    job["pid"] = None
+    job["pid"] = job["supervisor"] = None
 
 
-def systemctl(args: list[str], state: dict[str, Any]) -> int:
-    units = state.setdefault("systemd", {})
-    if "--user" not in args:
-        print("this fake only knows systemctl --user", file=sys.stderr)
-        return 1
-    args = [a for a in args if a != "--user"]
-    cmd, rest = args[0], args[1:]
-    if cmd == "show":
-        unit = rest[-1]
-        job = units.get(unit, {})
-        print(job["pid"] if alive(job.get("pid")) else 0)
-        return 0
-    if cmd == "is-active":
-        job = units.get(rest[0], {})
-        print("active" if alive(job.get("pid")) else "inactive")
-        return 0 if alive(job.get("pid")) else 3
-    if cmd == "daemon-reload":
-        reload_unit_files(units)
-        return 0
-    now = "--now" in rest
-    unit = [a for a in rest if not a.startswith("-")][-1] if rest else ""
-    if unit not in units:
-        if cmd in ("enable", "disable"):
-            print(f"Failed to {cmd} unit: Unit file {unit} does not exist.", file=sys.stderr)
-            return 1
-        print(f"Failed to {cmd} {unit}: Unit {unit} not found.", file=sys.stderr)
-        return 5
-    job = units[unit]
-    if cmd in ("enable", "disable"):
-        job["enabled"] = cmd == "enable"
-        if not now:
-            return 0
-        cmd = "start" if cmd == "enable" else "stop"
-    if cmd in ("restart", "stop"):
-        kill(job)
-    if cmd in ("restart", "start") and not alive(job.get("pid")):
-        spawn(job)
-    return 0
-
-
-def reload_unit_files(units: dict[str, Any]) -> None:
-    """Load the user's unit files as systemd does on daemon-reload; forget removed ones."""
+def unit_folder(state: dict[str, Any], scope: str) -> Path:
+    if scope == "system":
+        return Path(state.get("machine", {}).get("system_units", "/nonexistent"))
     home = Path(os.environ.get("HOME", "/"))
-    folder = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "systemd" / "user"
+    return Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "systemd" / "user"
+
+
+def reload_unit_files(units: dict[str, Any], folder: Path) -> None:
+    """Load the unit files as systemd does on daemon-reload; forget removed ones."""
     seen = set()
     for path in sorted(folder.glob("*.service")) if folder.is_dir() else []:
         settings: dict[str, list[str]] = {}
@@ -116,25 +165,96 @@ def reload_unit_files(units: dict[str, Any]) -> None:
             continue
         seen.add(path.name)
         env = dict(v.split("=", 1) for e in settings.get("Environment", []) for v in shlex.split(e))
+
+        def one(key: str, default: str, settings: dict[str, list[str]] = settings) -> str:
+            return settings.get(key, [default])[-1]
+
         job = units.setdefault(path.name, {})
-        job.update(argv=shlex.split(settings["ExecStart"][0]), env=env, file=str(path))
+        job.update(
+            argv=shlex.split(settings["ExecStart"][0]),
+            env=env,
+            file=str(path),
+            user=one("User", ""),
+            cwd=one("WorkingDirectory", ""),
+            restart=one("Restart", "no"),
+            restart_sec=float(one("RestartSec", "0.1")),
+            burst=int(one("StartLimitBurst", "5")),
+            interval=float(one("StartLimitIntervalSec", "10")),
+            timeout_stop=float(one("TimeoutStopSec", "90")),
+        )
     for name in [n for n, job in units.items() if job.get("file") and n not in seen]:
         if not alive(units[name].get("pid")):
             del units[name]
 
 
-def main(name: str) -> int:
-    with LOG.open("a") as log:
-        log.write(json.dumps([name, *sys.argv[1:]]) + "\n")
-    with open(STATE.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        state = json.loads(STATE.read_text()) if STATE.exists() else {}
-        code = systemctl(sys.argv[1:], state)
-        tmp = STATE.with_suffix(f".{os.getpid()}")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(STATE)
-    return code
+def supervise(scope: str, unit: str) -> None:
+    proc: subprocess.Popen[bytes] | None = None
+    next_start = 0.0
+    while True:
+        with locked() as state:
+            job = units_of(state, scope).get(unit)
+            if job is None or job.get("supervisor") != os.getpid() or not job.get("wanted"):
+                return
+            if proc is not None and proc.poll() is not None:
+                failed = proc.returncode != 0
+                job["pid"], proc = None, None
+                if not (failed and job["restart"] in ("on-failure", "always")):
+                    job["failed"] = failed
+                    return
+                next_start = time.monotonic() + job["restart_sec"]
+            if proc is None and time.monotonic() >= next_start:
+                now = time.time()
+                job["starts"] = [t for t in job.get("starts", []) if t > now - job["interval"]]
+                if len(job["starts"]) >= job["burst"]:
+                    job["failed"] = True  # "Start request repeated too quickly."
+                    return
+                job["starts"].append(now)
+                proc = spawn(job, scope)
+                job["pid"] = proc.pid if proc else None
+                if proc is None:
+                    next_start = time.monotonic() + job["restart_sec"]
+        time.sleep(0.05)
+
+
+def spawn(job: dict[str, Any], scope: str) -> subprocess.Popen[bytes] | None:
+    argv = job["argv"]
+    home = os.environ.get("HOME", "/")
+    if scope == "system" and job.get("user") and UID == 0:
+        entry = pwd.getpwnam(job["user"])
+        home = entry.pw_dir
+        # As User=. The tests' interpreter may live under root's home: the unit keeps the one
+        # capability to read and search anywhere (see tests/conftest.py User.run).
+        argv = [
+            "setpriv",
+            f"--reuid={entry.pw_uid}",
+            f"--regid={entry.pw_gid}",
+            "--clear-groups",
+            "--inh-caps=+dac_read_search",
+            "--ambient-caps=+dac_read_search",
+            *argv,
+        ]
+    cwd = job.get("cwd") or (home if scope == "user" else "/")
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            env=dict(job["env"]),  # the unit's Environment= lines and nothing else
+        )
+    except OSError:
+        return None
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["supervise"]:
+        supervise(sys.argv[2], sys.argv[3])
+        return 0
+    with Path(os.environ["FAKE_SVC_LOG"]).open("a") as log:
+        log.write(json.dumps(["systemctl", *sys.argv[1:]]) + "\n")
+    return systemctl(sys.argv[1:])
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[0]).name))
+    sys.exit(main())
