@@ -18,7 +18,7 @@ import pytest
 from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.config import load_config, to_toml
-from tests.conftest import FakeServices, free_port, gone, mlx_watchdog, until
+from tests.conftest import FakeServices, User, free_port, gone, mlx_watchdog, until
 
 
 @pytest.fixture
@@ -281,3 +281,39 @@ def test_server_install_serves_and_joins_the_config(
     )
     assert twice.returncode == 1 and "already has server" in twice.stderr
     assert mlx_watchdog("server", "uninstall", f"mlx-{port}", "--target", target).returncode == 0
+
+
+def test_system_unit_runs_the_watchdog_as_the_sudo_user(
+    user: User, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root")
+    from click.testing import CliRunner
+
+    from mlx_watchdog.cli import cli
+    from mlx_watchdog.service import systemd
+
+    units = user.home.parent / "system-units"
+    monkeypatch.setattr(systemd, "SYSTEM_UNITS", units)
+    fake_services.machine(system_units=str(units))
+    subprocess.run(["usermod", "--home", str(user.home), user.name], check=True)
+    config = write_config(user.home)
+    user.own(user.home)
+    for key, value in user.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SUDO_USER", user.name)
+    result = CliRunner().invoke(
+        cli, ["install", "--target", "systemd", "--system", "--config", str(config)]
+    )
+    assert result.exit_code == 0, result.output
+    text = (units / service.WATCHDOG_UNIT).read_text()
+    assert f"User={user.name}" in text and "WantedBy=multi-user.target" in text
+    unit = until(
+        lambda: (fake_services.systemd_unit("system", service.WATCHDOG_UNIT) or {}).get("pid"),
+        20,
+        "the system unit",
+    )
+    assert psutil.Process(int(unit)).uids().real == user.uid  # type: ignore[call-overload]
+    state = user.home / ".local" / "state" / "mlx-watchdog"
+    until(lambda: (state / "daemon.json").exists(), 60, "the watchdog's daemon.json")
+    assert ["systemctl", "daemon-reload"] in fake_services.calls()  # the system instance
