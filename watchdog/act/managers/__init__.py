@@ -175,16 +175,9 @@ def identity_problem(server: ServerConfig, pid: int | None, table: ProcessTable)
     return None
 
 
-class NoManager:
-    """Observe and alert only."""
-
-    kind = "none"
-
-    def pid(self) -> int | None:
-        return None
-
-    def restart(self) -> Outcome:
-        return Outcome(False, 'manager = "none": the watchdog observes and alerts only')
+class External:
+    """A server whose life belongs to someone else (launchd, systemd, the user's command):
+    nothing to start or stop with the watchdog, and an exit is theirs to act on."""
 
     def exited(self) -> str | None:
         return None
@@ -194,6 +187,18 @@ class NoManager:
 
     def stop(self) -> None:
         pass
+
+
+class NoManager(External):
+    """Observe and alert only."""
+
+    kind = "none"
+
+    def pid(self) -> int | None:
+        return None
+
+    def restart(self) -> Outcome:
+        return Outcome(False, 'manager = "none": the watchdog observes and alerts only')
 
 
 def make_manager(server: ServerConfig, system: System, state_dir: Path) -> Manager:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from mlx_watchdog.act.managers import Outcome, System
+from mlx_watchdog.act.managers import External, Outcome, System
 from mlx_watchdog.config import ServerConfig
 
 
-class CommandManager:
+class CommandManager(External):
     kind = "command"
 
     def __init__(self, server: ServerConfig, system: System) -> None:
@@ -15,15 +15,6 @@ class CommandManager:
 
     def pid(self) -> int | None:
         return None  # the port's listener is the server
-
-    def exited(self) -> str | None:
-        return None  # the service manager restarts its own job (KeepAlive, Restart=)
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
     def restart(self) -> Outcome:
         argv = self.server.restart_command

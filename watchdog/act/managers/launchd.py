@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_watchdog.act.managers import Outcome, System, wait_for
+from mlx_watchdog.act.managers import External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
 REPLACE_TIMEOUT = 15.0
@@ -91,7 +91,7 @@ def _last(out: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-class LaunchdManager:
+class LaunchdManager(External):
     kind = "launchd"
 
     def __init__(self, server: ServerConfig, system: System) -> None:
@@ -114,15 +114,6 @@ class LaunchdManager:
     def pid(self) -> int | None:
         info = job_info(self.system, self.target)
         return info.pid if info is not None else None
-
-    def exited(self) -> str | None:
-        return None  # launchd restarts its own job (KeepAlive)
-
-    def start(self) -> None:
-        pass  # launchd owns the job's life
-
-    def stop(self) -> None:
-        pass
 
     def restart(self) -> Outcome:
         steps: list[str] = []

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from mlx_watchdog.act.managers import Outcome, System, wait_for
+from mlx_watchdog.act.managers import External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
 REPLACE_TIMEOUT = 15.0
 
 
-class SystemdManager:
+class SystemdManager(External):
     kind = "systemd"
 
     def __init__(self, server: ServerConfig, system: System) -> None:
@@ -24,15 +24,6 @@ class SystemdManager:
         if code != 0 or not out.strip().isdigit():
             return None
         return int(out.strip()) or None
-
-    def exited(self) -> str | None:
-        return None  # the service manager restarts its own job (KeepAlive, Restart=)
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
     def restart(self) -> Outcome:
         before = self.pid()
