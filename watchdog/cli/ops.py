@@ -387,7 +387,7 @@ def _carry_out(plan: Any, dry_run: bool) -> None:
         except service.ServiceError as exc:
             raise click.ClickException(str(exc)) from None
     for hint in plan.hints:
-        err.print(f"hint: {hint}")
+        err.print(f"hint: {escape(hint)}", soft_wrap=True)
 
 
 COMMANDS = (

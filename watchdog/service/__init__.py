@@ -171,9 +171,15 @@ def apply(plan: Plan, system: System, timeout: float = 60.0) -> list[str]:
             said = f"{' '.join(step.argv)}: exit {code}"
         done.append(said)
         if code not in step.ok:
-            busy = " (launchd was still tearing the old job down)" if code in BUSY else ""
+            why = " (launchd was still tearing the old job down)" if code in BUSY else ""
+            if "Failed to connect to bus" in out:
+                why = (
+                    " (no systemd user manager runs for this user: no session and no lingering;"
+                    " run `sudo loginctl enable-linger $USER`, or `sudo mlx-watchdog install"
+                    " --system`)"
+                )
             raise ServiceError(
-                f"{' '.join(step.argv)} exited {code}{busy}: {out.strip()[-300:]}\n"
+                f"{' '.join(step.argv)} exited {code}{why}: {out.strip()[-300:]}\n"
                 + "\n".join(done)
             )
         if step.wait_gone:

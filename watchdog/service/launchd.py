@@ -208,7 +208,6 @@ class Launchd:
                     wait_gone=target,
                 ),
             ),
-            hints=tuple(self.hints),
             label=label,
             domain=self.domain,
         )
