@@ -62,7 +62,8 @@ def test_the_wheel_ships_every_module_and_template(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         shipped = set(zf.namelist())
     wanted = {f"mlx_watchdog/{p.relative_to(ROOT / 'watchdog')}" for p in (ROOT / "watchdog").rglob("*.py")}
-    wanted |= {"mlx_watchdog/py.typed"}
+    wanted |= {"mlx_watchdog/py.typed", "mlx_watchdog/fleet/rules.yml"}
+    wanted |= {"mlx_watchdog/fleet/dashboard.json"}
     wanted |= {f"mlx_watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "launchd").glob("*.plist")}
     wanted |= {f"mlx_watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "units").glob("*.service")}
     assert wanted - shipped == set()

@@ -1,0 +1,277 @@
+"""The Prometheus rules and the Grafana dashboard, with the real tools: `promtool check rules`,
+`promtool test rules` for every alert, and a real Prometheus scraping a real watchdog whose
+server is wedged, its wedge alert reaching "firing"."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from mlx_watchdog import fleet
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.serve.daemon import Daemon
+from tests.conftest import BadByPidfile, DaemonThread, free_port, mlx_watchdog, until
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
+BASE = "https://example.org/mlx-watchdog/README.md"
+
+
+def rules_file(tmp_path: Path, text: str | None = None) -> Path:
+    path = tmp_path / "mlx-watchdog.rules.yml"
+    path.write_text(text if text is not None else fleet.rules(BASE))
+    return path
+
+
+@needs_promtool
+def test_the_rules_pass_promtool_check(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(rules_file(tmp_path))], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout
+
+
+def alerts() -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(fleet.rules(BASE))
+    return {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
+
+
+def expected(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """What promtool must see: the rule's labels and its annotations filled for `labels`."""
+    rule = alerts()[name]
+    notes = {
+        k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v)
+        for k, v in rule["annotations"].items()
+    }
+    return {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": notes}
+
+
+@needs_promtool
+def test_each_alert_fires_after_its_for_and_not_on_a_busy_server(tmp_path: Path) -> None:
+    mac1 = {"instance": "mac1:9464", "job": "mlx-watchdog", "server": "qwen"}
+    mac2 = {"instance": "mac2:9464", "job": "mlx-watchdog", "server": "qwen"}
+
+    def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return {"series": f"{name}{{{inner}}}", "values": values}
+
+    tests = [
+        {  # wedged from minute 1 on mac1; mac2 is busy (serving a long request) all along
+            "interval": "1m",
+            "input_series": [
+                series("mlx_watchdog_state", {**mac1, "state": "wedged"}, "0 1 1 1 1 1"),
+                series("mlx_watchdog_state", {**mac2, "state": "wedged"}, "0 0 0 0 0 0"),
+                series("mlx_watchdog_state", {**mac2, "state": "busy"}, "1 1 1 1 1 1"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "2m", "alertname": "MLXServerWedged", "exp_alerts": []},
+                {
+                    "eval_time": "4m",
+                    "alertname": "MLXServerWedged",
+                    "exp_alerts": [expected("MLXServerWedged", {**mac1, "state": "wedged"})],
+                },
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": [
+                series("mlx_watchdog_needs_person", mac1, "0 1 1 1"),
+                series("mlx_watchdog_needs_person", mac2, "0 0 0 0"),
+                series(
+                    "mlx_watchdog_history_in_memory",
+                    {"instance": "mac1:9464", "job": "mlx-watchdog"},
+                    "1x20",
+                ),
+                series("up", {"instance": "mac2:9464", "job": "mlx-watchdog"}, "1 1 0 0 0 0 0 0 0"),
+                series("mlx_watchdog_abandoned_connections", mac1, "0 0 2 0 0"),
+                series("mlx_watchdog_abandoned_connections", mac2, "0 0 0 0 0"),
+            ],
+            "alert_rule_test": [
+                {
+                    "eval_time": "3m",
+                    "alertname": "MLXServerNeedsPerson",
+                    "exp_alerts": [expected("MLXServerNeedsPerson", mac1)],
+                },
+                {"eval_time": "5m", "alertname": "MLXWatchdogDown", "exp_alerts": []},
+                {
+                    "eval_time": "8m",
+                    "alertname": "MLXWatchdogDown",
+                    "exp_alerts": [
+                        expected(
+                            "MLXWatchdogDown", {"instance": "mac2:9464", "job": "mlx-watchdog"}
+                        )
+                    ],
+                },
+                {"eval_time": "9m", "alertname": "MLXWatchdogHistoryInMemory", "exp_alerts": []},
+                {
+                    "eval_time": "11m",
+                    "alertname": "MLXWatchdogHistoryInMemory",
+                    "exp_alerts": [
+                        expected(
+                            "MLXWatchdogHistoryInMemory",
+                            {"instance": "mac1:9464", "job": "mlx-watchdog"},
+                        )
+                    ],
+                },
+                {
+                    "eval_time": "4m",
+                    "alertname": "MLXClientsGiveUp",
+                    "exp_alerts": [expected("MLXClientsGiveUp", mac1)],
+                },
+            ],
+        },
+        {  # 5 restarts within the hour on mac1, 1 on mac2
+            "interval": "10m",
+            "input_series": [
+                series(
+                    "mlx_watchdog_restarts_total", {**mac1, "reason": "wedged"}, "0 1 2 3 4 5 5"
+                ),
+                series(
+                    "mlx_watchdog_restarts_total", {**mac2, "reason": "wedged"}, "0 1 1 1 1 1 1"
+                ),
+            ],
+            "alert_rule_test": [
+                {
+                    "eval_time": "60m",
+                    "alertname": "MLXServerRestartsHigh",
+                    "exp_alerts": [
+                        expected(
+                            "MLXServerRestartsHigh",
+                            {k: v for k, v in mac1.items() if k != "job"},
+                        )
+                    ],
+                },
+            ],
+        },
+    ]
+    rules = rules_file(tmp_path)
+    spec = tmp_path / "tests.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": [rules.name], "tests": tests}))
+    done = subprocess.run(
+        ["promtool", "test", "rules", spec.name], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_the_commands_print_the_rules_and_a_dashboard_of_metrics_that_exist(
+    tmp_path: Path, hanging: BadByPidfile, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    printed = mlx_watchdog("prometheus", "rules", "--runbook-base", BASE)
+    assert printed.returncode == 0, printed.stderr
+    assert yaml.safe_load(printed.stdout) == yaml.safe_load(fleet.rules(BASE))
+    assert f"{BASE}#troubleshooting" in printed.stdout and "@RUNBOOK@" not in printed.stdout
+    board = mlx_watchdog("prometheus", "dashboard")
+    assert board.returncode == 0, board.stderr
+    doc = json.loads(board.stdout)
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"mlx_watchdog[a-z_:0-9]+", e)}
+    used |= {m for e in [fleet.rules()] for m in re.findall(r"mlx_watchdog_[a-z_]+", e)}
+
+    # Every metric they read is one a real watchdog exports (or a rule records).
+    daemon = Daemon(parse_config(watched(tmp_path, hanging)))
+    t = run_daemon(daemon)
+    until(lambda: daemon.endpoint is not None and daemon.watches["bad"].verdict, 30, "a verdict")
+    host, port = daemon.endpoint.server_address[:2]  # type: ignore[union-attr]
+    text = httpx.get(f"http://{host}:{port}/metrics").text
+    # Families, as `# TYPE` names them (a counter with no sample yet still has its family).
+    families = set(re.findall(r"^# TYPE (mlx_watchdog_[a-z_]+) ", text, re.MULTILINE))
+    exported = {f + s for f in families for s in ("", "_total", "_bucket", "_sum", "_count")}
+    recorded = {
+        r["record"]
+        for g in yaml.safe_load(fleet.rules())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
+    missing = {m for m in used if m not in exported and m not in recorded}
+    assert missing == set(), missing
+    t.stop()
+
+
+def watched(tmp_path: Path, bad: BadByPidfile) -> dict[str, object]:
+    return {
+        "watchdog": {
+            "interval": "500ms",
+            "listen": "127.0.0.1:0",
+            "state_dir": str(tmp_path / "state"),
+        },
+        "server": [
+            {
+                "name": "bad",
+                "url": bad.url,
+                "match": "badserver",
+                "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "1s"},
+            }
+        ],
+    }
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus")
+def test_a_real_prometheus_fires_the_wedge_alert_for_a_real_watchdog(
+    tmp_path: Path, hanging: BadByPidfile, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    daemon = Daemon(parse_config(watched(tmp_path, hanging)))  # observe only: it stays wedged
+    run_daemon(daemon)
+    until(lambda: daemon.endpoint is not None, 30, "the endpoint")
+    host, port = daemon.endpoint.server_address[:2]  # type: ignore[union-attr]
+    # The rules as shipped, but for: 2m is 2s here, so the test does not wait two minutes.
+    rules = rules_file(tmp_path, fleet.rules(BASE).replace("for: 2m", "for: 2s"))
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {
+                        "job_name": "mlx-watchdog",
+                        "static_configs": [{"targets": [f"{host}:{port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    web = free_port()
+    prometheus = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def firing() -> bool:
+            try:
+                doc = httpx.get(f"http://127.0.0.1:{web}/api/v1/alerts", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                return False
+            return any(
+                a["labels"]["alertname"] == "MLXServerWedged"
+                and a["state"] == "firing"
+                and a["labels"]["server"] == "bad"
+                for a in doc["data"]["alerts"]
+            )
+
+        until(firing, 90, "the wedge alert to fire")
+        assert daemon.watches["bad"].verdict is not None
+        assert daemon.watches["bad"].verdict.state == "wedged"
+    finally:
+        prometheus.terminate()
+        try:
+            prometheus.wait(20)
+        except subprocess.TimeoutExpired:
+            prometheus.kill()
+            prometheus.wait()
