@@ -275,3 +275,53 @@ def test_a_real_prometheus_fires_the_wedge_alert_for_a_real_watchdog(
         except subprocess.TimeoutExpired:
             prometheus.kill()
             prometheus.wait()
+
+
+def test_fleet_shows_machines_side_by_side_with_how_often_each_is_provoked(
+    tmp_path: Path, hanging: BadByPidfile, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    import socket
+
+    (tmp_path / "ok").mkdir()
+    ok = BadByPidfile(tmp_path / "ok", "ok")
+    try:
+        wedged = Daemon(parse_config(watched(tmp_path / "a", hanging)))
+        serving = Daemon(parse_config(watched(tmp_path / "b", ok)))
+        for d in (wedged, serving):
+            run_daemon(d)
+        until(lambda: wedged.endpoint and serving.endpoint, 30, "both endpoints")
+        # A client that gives up on the wedged server: counted once, however long it lingers.
+        with socket.create_connection(("127.0.0.1", hanging.port)) as s:
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+            )
+        until(
+            lambda: (
+                wedged.status()["servers"][0]["gave_up_24h"] == 1
+                and wedged.status()["servers"][0]["state"] == "wedged"
+            ),
+            30,
+            "the departed client counted and the wedge judged",
+        )
+        until(lambda: serving.status()["servers"][0]["state"] == "healthy", 30, "healthy")
+        urls = []
+        for d in (wedged, serving):
+            host, port = d.endpoint.server_address[:2]  # type: ignore[union-attr]
+            urls.append(f"http://{host}:{port}")
+        silent = f"http://127.0.0.1:{free_port()}"
+
+        both = mlx_watchdog("fleet", *urls, "--json")
+        assert both.returncode == 2, both.stderr  # the worst: a wedged server
+        rows = json.loads(both.stdout)["rows"]
+        assert [(r["machine"], r["state"]) for r in rows] == [
+            (urls[0], "wedged"),
+            (urls[1], "healthy"),
+        ]
+        assert rows[0]["incidents_24h"] == 1 and rows[0]["gave_up_per_hour"] == round(1 / 24, 2)
+        assert rows[1]["incidents_24h"] == 0 and rows[1]["gave_up_per_hour"] == 0
+
+        with_silent = mlx_watchdog("fleet", urls[1], silent)
+        assert with_silent.returncode == 3  # a watchdog that does not answer is unknown
+        assert "unreachable" in with_silent.stdout and "healthy" in with_silent.stdout
+    finally:
+        ok.kill()

@@ -96,6 +96,10 @@ class Watch:
     draining: bool = False
     last_token_at: float | None = None
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
+    # The last day's provocations: when incidents opened, and (when, how many) clients left.
+    opened: deque[float] = field(default_factory=deque)
+    gave_up: deque[tuple[float, int]] = field(default_factory=deque)
+    gave_up_counted: int = 0  # of the inspector's running count
     state_since: float | None = None
     judged_at: float | None = None
     # Span-clock readings at the end of the last tick, to notice a sleep or a clock jump.
@@ -275,6 +279,7 @@ class Healer:
     def detected(self, w: Watch, v: Verdict, began: float, advice: str | None) -> None:
         """Open the incident: in memory always, in the history when it can be written."""
         w.incident = OpenIncident(began, v.state)
+        w.opened.append(self.clock())
         w.incident.id = self.store.open_incident(
             w.server.name, self.clock(), v.state, v.reason, v.evidence.to_json(), began_at=began
         )

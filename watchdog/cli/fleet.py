@@ -32,4 +32,59 @@ def prometheus_dashboard() -> None:
     click.echo(fleet.dashboard(), nl=False)
 
 
-COMMANDS = (prometheus,)
+@click.command()
+@click.argument("urls", nargs=-1, required=True)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the status documents and rows as JSON."
+)
+def fleet(urls: tuple[str, ...], as_json: bool) -> None:
+    """Several watchdogs side by side: URLS are their endpoints (http://mac-1.lan:9464).
+
+    Per server: state, restarts and incidents over the last day, and clients that gave up per
+    hour (how often each machine is provoked). Exit code: the worst server's (as for status),
+    3 when a watchdog does not answer.
+    """
+    import json
+    import sys
+
+    from mlx_watchdog import fleet as core
+    from mlx_watchdog.serve.client import remote_status
+
+    docs = core.gather([u.rstrip("/") for u in urls], remote_status)
+    table = core.rows(docs)
+    if as_json:
+        click.echo(json.dumps({"machines": docs, "rows": table}, indent=2, default=str))
+    else:
+        from rich.table import Table
+
+        from mlx_watchdog.cli.app import STATE_STYLE, escape, out
+
+        view = Table(box=None, padding=(0, 1), header_style="dim")
+        for column in (
+            "machine",
+            "server",
+            "state",
+            "restarts 24h",
+            "incidents 24h",
+            "gave up / h",
+            "budget",
+            "reason",
+        ):
+            view.add_column(column)
+        for r in table:
+            style = STATE_STYLE.get(r["state"], "bold red")
+            view.add_row(
+                escape(r["machine"]),
+                escape(r["server"]),
+                f"[{style}]{r['state']}[/]",
+                str(r.get("restarts_24h", "-")),
+                str(r.get("incidents_24h", "-")),
+                str(r.get("gave_up_per_hour", "-")),
+                str(r.get("budget_left", "-")),
+                escape(str(r.get("reason") or r.get("why", ""))[:80]),
+            )
+        out.print(view)
+    sys.exit(core.worst_exit(docs))
+
+
+COMMANDS = (prometheus, fleet)

@@ -400,11 +400,16 @@ class Store:
             (server, at, kind, message, json.dumps(data)),
         )
 
-    def events(self, server: str | None = None) -> list[EventRecord]:
-        if server is None:
-            rows = self._rows("SELECT * FROM events ORDER BY id")
-        else:
-            rows = self._rows("SELECT * FROM events WHERE server = ? ORDER BY id", (server,))
+    def events(
+        self, server: str | None = None, *, since: float = 0.0, kind: str | None = None
+    ) -> list[EventRecord]:
+        sql = "SELECT * FROM events WHERE at >= ?"
+        args: list[Any] = [since]
+        if server is not None:
+            sql, args = sql + " AND server = ?", [*args, server]
+        if kind is not None:
+            sql, args = sql + " AND kind = ?", [*args, kind]
+        rows = self._rows(sql + " ORDER BY id", args)
         return [
             EventRecord(
                 r["id"], r["server"], r["at"], r["kind"], r["message"], json.loads(r["data"])

@@ -139,6 +139,7 @@ class Inspector:
         self._proc: psutil.Process | None = None
         self._proc_first = True
         self._clients: dict[Address, Client] = {}
+        self.gave_up = 0  # clients seen leaving (turning abandoned) since this inspector began
 
     def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessEvidence:
         """Look at the server now. `pid` comes from a manager; otherwise the port's listener.
@@ -204,6 +205,8 @@ class Inspector:
                 else None
             )
             seen[addr] = Client(addr, status, first_seen, since)
+            if status == "abandoned" and (before is None or before.status != "abandoned"):
+                self.gave_up += 1
         self._clients = seen
         clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
         return ProcessEvidence(

@@ -78,7 +78,11 @@ def _request(
 
 
 def live_status(state_dir: Path) -> dict[str, Any]:
-    url = daemon_url(state_dir)
+    return remote_status(daemon_url(state_dir))
+
+
+def remote_status(url: str) -> dict[str, Any]:
+    """The status document of the watchdog whose endpoint is at `url` (http://host:port)."""
     status, body = _request(url, "GET", "/status")
     try:
         if status != 200:

@@ -37,7 +37,14 @@ from mlx_watchdog.serve.endpoint import start as start_endpoint
 from mlx_watchdog.serve.logs import own_log, rotate
 from mlx_watchdog.serve.metrics import Metrics
 from mlx_watchdog.serve.schedule import Job, Schedule
-from mlx_watchdog.serve.status import TTFT_WINDOW, Held, describe, restart_span
+from mlx_watchdog.serve.status import (
+    DAY,
+    GAVE_UP,
+    TTFT_WINDOW,
+    Held,
+    describe,
+    restart_span,
+)
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -109,6 +116,15 @@ class Daemon:
         if incident is not None:
             w.incident = OpenIncident(incident.began_at, incident.state, incident.id)
         w.ttfts.extend(self.store.ttfts(server.name, now - TTFT_WINDOW))
+        w.opened.extend(
+            i.opened_at
+            for i in self.store.incidents(now - DAY, server.name)
+            if i.opened_at >= now - DAY
+        )
+        w.gave_up.extend(
+            (e.at, int(e.data.get("count", 0)))
+            for e in self.store.events(server.name, since=now - DAY, kind=GAVE_UP)
+        )
         w.last_token_at = self.store.last_token_at(server.name)
         w.needs_person = self.store.held(server.name)
         if w.needs_person is not None:
@@ -142,6 +158,7 @@ class Daemon:
             self.metrics.observe(name, verdict)
             self._keep_ttft(w, verdict)
             self._transition(w, verdict)
+        self._keep_gave_up(w)
         w.last_tick = (self.clock(), self.monotonic())
         return w.verdict
 
@@ -151,6 +168,22 @@ class Daemon:
             w.ttfts.append((now, v.evidence.ttft_s))
         while w.ttfts and w.ttfts[0][0] < now - TTFT_WINDOW:
             w.ttfts.popleft()
+
+    def _keep_gave_up(self, w: Watch) -> None:
+        """Clients seen leaving since the last tick: history, a metric and the status counts."""
+        now = self.clock()
+        n = w.checker.inspector.gave_up - w.gave_up_counted
+        if n > 0:
+            w.gave_up_counted += n
+            w.gave_up.append((now, n))
+            self.metrics.gave_up.labels(w.server.name).inc(n)
+            self.store.add_event(
+                w.server.name, now, GAVE_UP, f"{n} client(s) gave up mid-request", {"count": n}
+            )
+        while w.gave_up and w.gave_up[0][0] < now - DAY:
+            w.gave_up.popleft()
+        while w.opened and w.opened[0] < now - DAY:
+            w.opened.popleft()
 
     def _notice_jump(self, w: Watch) -> None:
         """A Mac that slept, a clock step or a suspended watchdog: judge afresh after it.
@@ -257,6 +290,8 @@ class Daemon:
             else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
             needs_person=w.needs_person,
             last_token_at=w.last_token_at,
+            incidents_24h=len([at for at in list(w.opened) if at >= now - DAY]),
+            gave_up_24h=sum(n for at, n in list(w.gave_up) if at >= now - DAY),
         )
 
     def prometheus(self) -> tuple[bytes, str]:
@@ -418,4 +453,3 @@ class Daemon:
             while self._active and time.monotonic() < deadline:
                 self._active_cv.wait(deadline - time.monotonic())
             return not self._active
-

@@ -44,6 +44,12 @@ class Metrics:
             ["server", "reason"],
             registry=self.registry,
         )
+        self.gave_up = Counter(
+            "mlx_watchdog_clients_gave_up",
+            "Clients that left mid-request (their connection turned CLOSE_WAIT): provocations.",
+            ["server"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "mlx_watchdog_events",
             "Events the watchdog reported (detected, restarting, recovered, ...).",

@@ -21,6 +21,8 @@ from mlx_watchdog.record.store import Store
 
 TTFT_WINDOW = 3600.0
 RESTART_WINDOW = 86400.0
+DAY = 86400.0
+GAVE_UP = "gave_up"  # a history event, not an alert: clients that left mid-request
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class Held:
     incident: dict[str, Any] | None = None  # id, state, began_at
     needs_person: str | None = None
     last_token_at: float | None = None
+    # How often the server was provoked, over the last day: incidents opened, clients that left.
+    incidents_24h: int = 0
+    gave_up_24h: int = 0
 
 
 def describe(
@@ -70,6 +75,8 @@ def describe(
         "ttft_p95_s": ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
         "ttft_samples": len(ttfts),
         "restarts_24h": sum(1 for r in held.restarts if r >= now - RESTART_WINDOW),
+        "incidents_24h": held.incidents_24h,
+        "gave_up_24h": held.gave_up_24h,
         "budget_left": budget.left,
         "pid": e.pid,
         "rss_bytes": e.rss_bytes,
@@ -78,6 +85,11 @@ def describe(
         "live_connections": e.live_connections,
         "incident": held.incident,
     }
+
+
+def gave_up_counts(store: Store, server: str, since: float) -> list[int]:
+    """Clients that gave up, as recorded (one event per look that saw some leave)."""
+    return [int(e.data.get("count", 0)) for e in store.events(server, since=since, kind=GAVE_UP)]
 
 
 def restart_span(server: ServerConfig) -> float:
@@ -96,6 +108,10 @@ def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, An
         else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
         needs_person=store.held(server.name),
         last_token_at=store.last_token_at(server.name),
+        incidents_24h=len(
+            [i for i in store.incidents(now - DAY, server.name) if i.opened_at >= now - DAY]
+        ),
+        gave_up_24h=sum(gave_up_counts(store, server.name, now - DAY)),
     )
     row = store.last_probe(server.name)
     if row is None:
