@@ -527,8 +527,9 @@ TEST_USER = "mlxwd-test"
 
 
 @pytest.fixture
-def user() -> Iterator[User]:
-    """An ordinary user with an empty HOME in a folder others may enter."""
+def user(tmp_path: Path) -> Iterator[User]:
+    """An ordinary user with an empty HOME. As root, the tests' own user (made once), whose home
+    is the one in the user database, emptied for each test: --system installs read it there."""
     import pwd
     import shutil
     import tempfile
@@ -538,20 +539,26 @@ def user() -> Iterator[User]:
             entry = pwd.getpwnam(TEST_USER)
         except KeyError:
             subprocess.run(
-                ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
+                ["useradd", "--home-dir", f"/home/{TEST_USER}", "--no-create-home",
+                 "--shell", "/usr/sbin/nologin", TEST_USER],
                 check=True,
-            )
+            )  # fmt: skip
             entry = pwd.getpwnam(TEST_USER)
+        home = Path(entry.pw_dir)
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        home.parent.chmod(home.parent.stat().st_mode | 0o055)
+        cleanup = home
     else:
         entry = pwd.getpwuid(os.getuid())
-    root = Path(tempfile.mkdtemp(prefix="mlxwd-user-", dir="/tmp"))
-    root.chmod(0o755)
-    home = root / "home"
-    home.mkdir()
+        root = Path(tempfile.mkdtemp(prefix="mlxwd-user-", dir="/tmp"))
+        home = root / "home"
+        home.mkdir()
+        cleanup = root
     u = User(entry.pw_name, entry.pw_uid, entry.pw_gid, home)
     u.own(home)
     yield u
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(cleanup, ignore_errors=True)
 
 
 @pytest.fixture
@@ -567,7 +574,7 @@ def fake_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[F
 @pytest.fixture
 def user_services(user: User) -> Iterator[FakeServices]:
     """The fakes for `user`, their state writable by that user; nobody at the screen yet."""
-    fakes = FakeServices(user.home.parent / "svc", gui=[])
-    user.own(user.home.parent / "svc")
+    fakes = FakeServices(user.home / ".fake-svc", gui=[])
+    user.own(user.home / ".fake-svc")
     yield fakes
     fakes.kill_all()

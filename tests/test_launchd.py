@@ -99,19 +99,17 @@ def test_an_agent_installed_as_root_is_refused_with_the_way_to_do_it(
 
 
 def test_system_install_serves_after_a_reboot_with_nobody_logged_in(
-    user: User, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, user: User, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if os.getuid() != 0:
         pytest.skip("needs root")
     from mlx_watchdog.service import launchd
 
-    daemons = user.home.parent / "LaunchDaemons"
-    logs = user.home.parent / "Logs"
+    daemons = tmp_path / "LaunchDaemons"
+    logs = user.home / "Logs"
     monkeypatch.setattr(launchd, "DAEMONS", daemons)
     monkeypatch.setattr(launchd, "SYSTEM_LOGS", logs)
     fake_services.machine(gui=[], daemons=str(daemons))
-    # The job's HOME is the sudo user's home from the user database: this test's user's.
-    subprocess_run(["usermod", "--home", str(user.home), user.name])
     config = write_config(user.home)
     user.own(user.home)
     for key, value in user.env().items():

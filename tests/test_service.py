@@ -284,7 +284,7 @@ def test_server_install_serves_and_joins_the_config(
 
 
 def test_system_unit_runs_the_watchdog_as_the_sudo_user(
-    user: User, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, user: User, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if os.getuid() != 0:
         pytest.skip("needs root")
@@ -293,10 +293,9 @@ def test_system_unit_runs_the_watchdog_as_the_sudo_user(
     from mlx_watchdog.cli import cli
     from mlx_watchdog.service import systemd
 
-    units = user.home.parent / "system-units"
+    units = tmp_path / "system-units"
     monkeypatch.setattr(systemd, "SYSTEM_UNITS", units)
     fake_services.machine(system_units=str(units))
-    subprocess.run(["usermod", "--home", str(user.home), user.name], check=True)
     config = write_config(user.home)
     user.own(user.home)
     for key, value in user.env().items():

@@ -99,13 +99,21 @@ class LaunchdManager(External):
         self.server = server
         self.system = system
         self.label = server.label
+        self._domain: str | None = None
         self.plist = (
             server.plist or Path.home() / "Library" / "LaunchAgents" / f"{self.label}.plist"
         )
 
     @property
     def domain(self) -> str:
-        return self.server.domain or f"gui/{self.system.uid()}"
+        """As recorded at install; for an older config, the domain that exists (a GUI login's,
+        else the user's), as `install` would choose."""
+        if self._domain is None:
+            gui = f"gui/{self.system.uid()}"
+            recorded = self.server.domain
+            found = gui if domain_exists(self.system, gui) else f"user/{self.system.uid()}"
+            self._domain = recorded or found
+        return self._domain
 
     @property
     def target(self) -> str:
