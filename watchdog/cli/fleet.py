@@ -68,9 +68,11 @@ def fleet(urls: tuple[str, ...], as_json: bool) -> None:
             "incidents 24h",
             "gave up / h",
             "budget",
-            "reason",
         ):
-            view.add_column(column)
+            key = {"machine": "machine", "server": "server", "state": "state"}.get(column)
+            widest = max((len(str(r.get(key, ""))) for r in table), default=0) if key else 0
+            view.add_column(column, no_wrap=True, min_width=max(len(column), widest))
+        view.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=44)
         for r in table:
             style = STATE_STYLE.get(r["state"], "bold red")
             view.add_row(
@@ -81,7 +83,7 @@ def fleet(urls: tuple[str, ...], as_json: bool) -> None:
                 str(r.get("incidents_24h", "-")),
                 str(r.get("gave_up_per_hour", "-")),
                 str(r.get("budget_left", "-")),
-                escape(str(r.get("reason") or r.get("why", ""))[:80]),
+                escape(str(r.get("reason") or r.get("why", ""))),
             )
         out.print(view)
     sys.exit(core.worst_exit(docs))
