@@ -30,7 +30,7 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Event
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.evidence import Inspector, ProcessTable
-from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe
+from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe, ProbeFinding
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -335,7 +335,7 @@ class Healer:
             if snap.finding == OK:
                 token = snap.first_token_at or self.monotonic()
                 return self.clock() - (self.monotonic() - token)
-            if snap.finding in DOWN_FINDINGS or snap.finding == "reset":
+            if snap.finding in DOWN_FINDINGS or snap.finding == ProbeFinding.RESET:
                 self.system.sleep(RETRY_PAUSE)  # not listening yet
             else:
                 self.system.sleep(RETRY_PAUSE * 2)

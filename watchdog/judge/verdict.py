@@ -14,6 +14,7 @@ from mlx_watchdog.sense.findings import (
     DOWN_FINDINGS,
     OK,
     ModelsCheck,
+    ProbeFinding,
     ProbeSnapshot,
 )
 
@@ -58,12 +59,18 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         ttft = probe.ttft if probe.ttft is not None else waited
         note = _models_note(models)
         if ttft > s.slow_after:
-            return State.SLOW, f"first token after {_s(ttft)} (slow_after is {_s(s.slow_after)}){note}"
+            return (
+                State.SLOW,
+                f"first token after {_s(ttft)} (slow_after is {_s(s.slow_after)}){note}",
+            )
         return State.HEALTHY, f"first token in {_s(ttft)}{note}"
 
     if probe.finding in DOWN_FINDINGS:
         if young and proc.pid is not None:
-            return State.STARTING, f"PID {proc.pid} started {_s(age or 0)} ago and is not answering yet"
+            return (
+                State.STARTING,
+                f"PID {proc.pid} started {_s(age or 0)} ago and is not answering yet",
+            )
         where = f"; {proc.error}" if proc.error and proc.pid is None else ""
         return State.DOWN, f"{DOWN_FINDINGS[probe.finding]}{where}"
 
@@ -71,7 +78,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         detail = f" ({probe.detail})" if probe.detail else ""
         return State.DEAD, f"{DEAD_FINDINGS[probe.finding]}{detail}"
 
-    if probe.finding not in (None, "no_response"):
+    if probe.finding not in (None, ProbeFinding.NO_RESPONSE):
         return None, ""  # aborted by the watchdog itself: says nothing about the server
 
     # The probe is waiting (or waited to the hard timeout) with no token. A young process

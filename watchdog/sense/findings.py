@@ -4,27 +4,51 @@ library (the verdict, `status` and the endpoint import this, not the probe)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-# Findings of a finished probe. "ok" served a token; the rest name what was wrong.
-OK = "ok"
-DEAD_FINDINGS = {
-    "auth_failed": "the server refused the API key",
-    "http_error": "the server answered with an HTTP error",
-    "html_error": "the server answered with an HTML page instead of JSON",
-    "invalid_json": "the server sent a body that is not valid JSON",
-    "no_data_events": "the stream ended without any data: event",
-    "done_without_token": "the stream ended with [DONE] before any token",
-    "zero_tokens": "the server answered 200 with zero tokens",
-    "finish_error": 'the server finished with finish_reason "error"',
-    "stream_error": "the stream carried an error object",
-    "body_too_large": "the answer is larger than a 1-token probe can be",
-    "trickle": "bytes kept trickling in without a token",
-    "reset": "the server closed or reset the connection mid-answer",
+
+class ProbeFinding(StrEnum):
+    """How a probe ended. OK served a token; the rest name what was wrong."""
+
+    OK = "ok"
+    AUTH_FAILED = "auth_failed"
+    HTTP_ERROR = "http_error"
+    HTML_ERROR = "html_error"
+    INVALID_JSON = "invalid_json"
+    NO_DATA_EVENTS = "no_data_events"
+    DONE_WITHOUT_TOKEN = "done_without_token"
+    ZERO_TOKENS = "zero_tokens"
+    FINISH_ERROR = "finish_error"
+    STREAM_ERROR = "stream_error"
+    BODY_TOO_LARGE = "body_too_large"
+    TRICKLE = "trickle"
+    RESET = "reset"
+    REFUSED = "refused"
+    CONNECT_TIMEOUT = "connect_timeout"
+    CONNECT_ERROR = "connect_error"
+    NO_RESPONSE = "no_response"  # nothing by the hard timeout
+    ABORTED = "aborted"  # the watchdog closed it itself: says nothing about the server
+
+
+OK = ProbeFinding.OK
+DEAD_FINDINGS: dict[ProbeFinding, str] = {
+    ProbeFinding.AUTH_FAILED: "the server refused the API key",
+    ProbeFinding.HTTP_ERROR: "the server answered with an HTTP error",
+    ProbeFinding.HTML_ERROR: "the server answered with an HTML page instead of JSON",
+    ProbeFinding.INVALID_JSON: "the server sent a body that is not valid JSON",
+    ProbeFinding.NO_DATA_EVENTS: "the stream ended without any data: event",
+    ProbeFinding.DONE_WITHOUT_TOKEN: "the stream ended with [DONE] before any token",
+    ProbeFinding.ZERO_TOKENS: "the server answered 200 with zero tokens",
+    ProbeFinding.FINISH_ERROR: 'the server finished with finish_reason "error"',
+    ProbeFinding.STREAM_ERROR: "the stream carried an error object",
+    ProbeFinding.BODY_TOO_LARGE: "the answer is larger than a 1-token probe can be",
+    ProbeFinding.TRICKLE: "bytes kept trickling in without a token",
+    ProbeFinding.RESET: "the server closed or reset the connection mid-answer",
 }
-DOWN_FINDINGS = {
-    "refused": "connection refused: nothing is listening",
-    "connect_timeout": "could not connect in time",
-    "connect_error": "could not connect",
+DOWN_FINDINGS: dict[ProbeFinding, str] = {
+    ProbeFinding.REFUSED: "connection refused: nothing is listening",
+    ProbeFinding.CONNECT_TIMEOUT: "could not connect in time",
+    ProbeFinding.CONNECT_ERROR: "could not connect",
 }
 
 
@@ -46,7 +70,7 @@ class ProbeSnapshot:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None
-    finding: str | None = None  # None while the probe still waits
+    finding: ProbeFinding | None = None  # None while the probe still waits
     detail: str = ""
 
     @property

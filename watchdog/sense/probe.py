@@ -27,16 +27,26 @@ from mlx_watchdog.sense.findings import (
     DOWN_FINDINGS,
     OK,
     ModelsCheck,
+    ProbeFinding,
     ProbeSnapshot,
 )
 
-__all__ = ["DEAD_FINDINGS", "DOWN_FINDINGS", "OK", "ModelsCheck", "Probe", "ProbeSnapshot"]
+__all__ = [
+    "DEAD_FINDINGS",
+    "DOWN_FINDINGS",
+    "OK",
+    "ModelsCheck",
+    "Probe",
+    "ProbeFinding",
+    "ProbeSnapshot",
+]
 
 Clock = Callable[[], float]
 
 MAX_BODY = 1 << 20  # a 1-token answer is a few kB; more means the server ignores max_tokens
 MAX_ERROR_BODY = 64 << 10
 CONNECT_TIMEOUT = 10.0
+
 
 def probe_body(server: ServerConfig) -> dict[str, Any]:
     # No "seed" (it forces serial serving) and no "model" unless configured (a different
@@ -120,7 +130,7 @@ class Probe:
         with self._lock:
             self._snap = replace(self._snap, **changes)
 
-    def _finish(self, finding: str, detail: str = "") -> None:
+    def _finish(self, finding: ProbeFinding, detail: str = "") -> None:
         with self._lock:
             if self._snap.finding is None:
                 self._snap = replace(
@@ -146,7 +156,7 @@ class Probe:
         try:
             headers.update(auth_headers(self.server))
         except OSError as exc:
-            self._finish("auth_failed", f"cannot read api_key_file: {exc.strerror}")
+            self._finish(ProbeFinding.AUTH_FAILED, f"cannot read api_key_file: {exc.strerror}")
             return
         try:
             with (
@@ -164,23 +174,28 @@ class Probe:
                     self._set(headers_at=self._clock())
                 self._read(response, hard)
         except httpx.ConnectError as exc:
-            self._finish("refused" if _refused(exc) else "connect_error", str(exc))
+            refused = _refused(exc)
+            self._finish(
+                ProbeFinding.REFUSED if refused else ProbeFinding.CONNECT_ERROR, str(exc)
+            )
         except httpx.ConnectTimeout:
-            self._finish("connect_timeout", f"no connection within {CONNECT_TIMEOUT:g}s")
+            self._finish(ProbeFinding.CONNECT_TIMEOUT, f"no connection within {CONNECT_TIMEOUT:g}s")
         except httpx.ReadTimeout:
             if self.snapshot().bytes == 0:
-                self._finish("no_response", f"no byte within the hard timeout of {hard:g}s")
+                self._finish(
+                    ProbeFinding.NO_RESPONSE, f"no byte within the hard timeout of {hard:g}s"
+                )
             else:
-                self._finish("trickle", f"stalled after {self.snapshot().bytes} bytes")
+                self._finish(ProbeFinding.TRICKLE, f"stalled after {self.snapshot().bytes} bytes")
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             if self._aborted:
-                self._finish("aborted", "the watchdog closed the probe")
+                self._finish(ProbeFinding.ABORTED, "the watchdog closed the probe")
             elif self.snapshot().tokens > 0:
                 self._finish(OK, f"served a token, then: {exc}")
             else:
-                self._finish("reset", str(exc) or type(exc).__name__)
+                self._finish(ProbeFinding.RESET, str(exc) or type(exc).__name__)
         except httpx.HTTPError as exc:
-            self._finish("connect_error", f"{type(exc).__name__}: {exc}")
+            self._finish(ProbeFinding.CONNECT_ERROR, f"{type(exc).__name__}: {exc}")
 
     def _read(self, response: httpx.Response, hard: float) -> None:
         ctype = response.headers.get("content-type", "").lower()
@@ -190,7 +205,7 @@ class Probe:
             self._finish(*classify_error(status, ctype, body))
             return
         if "text/html" in ctype:
-            self._finish("html_error", "200 with an HTML page")
+            self._finish(ProbeFinding.HTML_ERROR, "200 with an HTML page")
             return
         if "text/event-stream" not in ctype:
             body = self._collect(response, MAX_BODY)
@@ -205,14 +220,14 @@ class Probe:
             size = self.snapshot().bytes + len(chunk)
             self._set(bytes=size)
             if size > cap:
-                self._finish("body_too_large", f"more than {cap} bytes")
+                self._finish(ProbeFinding.BODY_TOO_LARGE, f"more than {cap} bytes")
                 return
             snap = self.snapshot()
             if self._clock() - snap.started_at > hard:
                 if snap.tokens:
                     self._finish(OK, f"served a token; the stream did not end in {hard:g}s")
                 else:
-                    self._finish("trickle", f"{size} bytes and no token in {hard:g}s")
+                    self._finish(ProbeFinding.TRICKLE, f"{size} bytes and no token in {hard:g}s")
                 return
             yield chunk
 
@@ -220,18 +235,21 @@ class Probe:
         parts = list(self._chunks(response, cap))
         return None if self.snapshot().done else b"".join(parts)
 
-    def _judge_json(self, body: bytes) -> tuple[str, str]:
+    def _judge_json(self, body: bytes) -> tuple[ProbeFinding, str]:
         """A 200 answer that is not a stream: accept a proper non-streaming completion."""
         if body.lstrip()[:1] == b"<":
-            return "html_error", "200 with an HTML page"
+            return ProbeFinding.HTML_ERROR, "200 with an HTML page"
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return "invalid_json", _excerpt(body)
+            return ProbeFinding.INVALID_JSON, _excerpt(body)
         if not isinstance(data, dict):
-            return "invalid_json", _excerpt(body)
+            return ProbeFinding.INVALID_JSON, _excerpt(body)
         if "error" in data:
-            return "http_error", f"200 with error: {_excerpt(json.dumps(data['error']).encode())}"
+            return (
+                ProbeFinding.HTTP_ERROR,
+                f"200 with error: {_excerpt(json.dumps(data['error']).encode())}",
+            )
         now = self._clock()
         usage = _dict(data.get("usage"))
         choices = _list(data.get("choices"))
@@ -251,8 +269,12 @@ class Probe:
             **_usage(usage),
         )
         if finish == "error":
-            return "finish_error", "non-streaming answer"
-        return (OK, "non-streaming answer") if tokens else ("zero_tokens", "non-streaming answer")
+            return ProbeFinding.FINISH_ERROR, "non-streaming answer"
+        return (
+            (OK, "non-streaming answer")
+            if tokens
+            else (ProbeFinding.ZERO_TOKENS, "non-streaming answer")
+        )
 
     def _read_stream(self, response: httpx.Response, hard: float) -> None:
         buf = b""
@@ -276,9 +298,11 @@ class Probe:
         if snap.tokens > 0:
             self._finish(OK, "stream ended without [DONE]")
         elif not saw_data:
-            self._finish("no_data_events", f"{snap.bytes} bytes, {snap.keepalives} keepalives")
+            self._finish(
+                ProbeFinding.NO_DATA_EVENTS, f"{snap.bytes} bytes, {snap.keepalives} keepalives"
+            )
         else:
-            self._finish("zero_tokens", "the stream ended with no token")
+            self._finish(ProbeFinding.ZERO_TOKENS, "the stream ended with no token")
 
     def _line(self, line: bytes) -> str | None:
         """Handle one SSE line: None to go on, "data" for an event, anything else: finished."""
@@ -300,20 +324,20 @@ class Probe:
             self._set(first_data_at=now)
         if payload == b"[DONE]":
             if self.snapshot().tokens == 0:
-                self._finish("done_without_token", "[DONE] with no token")
+                self._finish(ProbeFinding.DONE_WITHOUT_TOKEN, "[DONE] with no token")
             else:
                 self._finish(OK)
             return "done"
         try:
             event = json.loads(payload)
         except (ValueError, UnicodeDecodeError):
-            self._finish("invalid_json", _excerpt(payload))
+            self._finish(ProbeFinding.INVALID_JSON, _excerpt(payload))
             return "done"
         if not isinstance(event, dict):
-            self._finish("invalid_json", _excerpt(payload))
+            self._finish(ProbeFinding.INVALID_JSON, _excerpt(payload))
             return "done"
         if "error" in event:
-            self._finish("stream_error", _excerpt(json.dumps(event["error"]).encode()))
+            self._finish(ProbeFinding.STREAM_ERROR, _excerpt(json.dumps(event["error"]).encode()))
             return "done"
         snap = self.snapshot()
         tokens = snap.tokens
@@ -341,27 +365,27 @@ class Probe:
             changes["first_token_at"] = now
         self._set(**changes)
         if finish == "error":
-            self._finish("finish_error", 'finish_reason "error"')
+            self._finish(ProbeFinding.FINISH_ERROR, 'finish_reason "error"')
             return "done"
         return "data"
 
 
-def classify_error(status: int, ctype: str, body: bytes | None) -> tuple[str, str]:
+def classify_error(status: int, ctype: str, body: bytes | None) -> tuple[ProbeFinding, str]:
     if body is None:
-        return "body_too_large", f"HTTP {status} with a huge body"
+        return ProbeFinding.BODY_TOO_LARGE, f"HTTP {status} with a huge body"
     if status in (401, 403):
-        return "auth_failed", f"HTTP {status}: check api_key_file"
+        return ProbeFinding.AUTH_FAILED, f"HTTP {status}: check api_key_file"
     if "text/html" in ctype or body.lstrip()[:1] == b"<":
-        return "html_error", f"HTTP {status} with an HTML page"
+        return ProbeFinding.HTML_ERROR, f"HTTP {status} with an HTML page"
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        return "http_error", f"HTTP {status}: {_excerpt(body)}"
+        return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(body)}"
     if isinstance(data, dict) and "error" in data:
         err = data["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
-        return "http_error", f"HTTP {status}: {_excerpt(str(msg).encode())}"
-    return "http_error", f"HTTP {status}: {_excerpt(body)}"
+        return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(str(msg).encode())}"
+    return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(body)}"
 
 
 # -- /v1/models ----------------------------------------------------------------------------
