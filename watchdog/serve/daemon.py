@@ -31,6 +31,7 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
+from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
@@ -48,8 +49,6 @@ from mlx_watchdog.serve.status import (
 
 log = logging.getLogger("mlx_watchdog")
 
-STOP_TIMEOUT = 20.0  # for a restart in progress to finish by itself
-INTERRUPT_TIMEOUT = 5.0
 LOG_CHECK = 60.0  # seconds between log size checks
 JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
 

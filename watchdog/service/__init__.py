@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from mlx_watchdog.act.managers import System
+from mlx_watchdog.config import RestartSettings
+from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 
 Kind = Literal["launchd", "systemd"]
-KINDS: tuple[Kind, ...] = ("launchd", "systemd")
 WATCHDOG_LABEL = "io.github.mlx-watchdog"
 WATCHDOG_UNIT = "mlx-watchdog.service"
 SERVER_ENV = ("HF_HOME", "HF_HUB_CACHE")  # where the server finds its models
-# The watchdog's own bounded stop: a restart in progress gets 20 s, its command 5 more, then
-# each managed server its stop_grace (10 s by default). The service manager must wait longer.
-STOP_BOUND = 20 + 5 + 10 + 10
+# The watchdog's own bounded stop: a restart in progress, then its interrupted command, then
+# each managed server's stop_grace (its default), and a margin. The service manager waits longer.
+STOP_BOUND = int(STOP_TIMEOUT + INTERRUPT_TIMEOUT + RestartSettings().stop_grace + 10)
 
 
 class ServiceError(Exception):
