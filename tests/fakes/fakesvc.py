@@ -18,8 +18,6 @@ State is one JSON file ($FAKE_SVC_STATE) under a lock; every call is appended to
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -28,38 +26,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-STATE = Path(os.environ["FAKE_SVC_STATE"])
-UID = os.getuid()
-
-
-@contextlib.contextmanager
-def locked() -> Iterator[dict[str, Any]]:
-    with open(STATE.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        state = json.loads(STATE.read_text()) if STATE.exists() else {}
-        yield state
-        tmp = STATE.with_suffix(f".{os.getpid()}")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(STATE)  # readers without the lock (the tests) see one whole state
-
-
-def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] not in "ZX"
-    except OSError:
-        return False
-
-
-def err(message: str, code: int) -> int:
-    print(message, file=sys.stderr)
-    return code
+# One state file and its lock for both stand-ins; this runs as a script beside fakelaunchd.
+from fakelaunchd import UID, alive, err, locked
 
 
 def units_of(state: dict[str, Any], scope: str) -> dict[str, Any]:
