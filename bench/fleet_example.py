@@ -43,8 +43,10 @@ def main() -> int:
                 with socket.create_connection(("127.0.0.1", hanging.port)) as s:
                     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
             until(
-                lambda: wedged.status()["servers"][0]["gave_up_24h"] == 2
-                and wedged.status()["servers"][0]["state"] == "wedged",
+                lambda: (
+                    wedged.status()["servers"][0]["gave_up_24h"] == 2
+                    and wedged.status()["servers"][0]["state"] == "wedged"
+                ),
                 30,
                 "the wedge",
             )

@@ -123,7 +123,9 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     subprocess.run(
-        [sys.executable, "-m", "mlx_watchdog.demo.tinymodel", str(out)], check=True, capture_output=True
+        [sys.executable, "-m", "mlx_watchdog.demo.tinymodel", str(out)],
+        check=True,
+        capture_output=True,
     )
     return out
 
@@ -412,11 +414,11 @@ class FakeServices:
         self.log = root / "svc-calls.jsonl"
         launchctl = self.bin / "launchctl"
         launchctl.write_text(
-            f"#!/bin/sh\nexec {sys.executable} {TESTS / 'fakes' / 'fakelaunchd.py'} \"$@\"\n"
+            f'#!/bin/sh\nexec {sys.executable} {TESTS / "fakes" / "fakelaunchd.py"} "$@"\n'
         )
         systemctl = self.bin / "systemctl"
         systemctl.write_text(
-            f"#!/bin/sh\nexec {sys.executable} {TESTS / 'fakes' / 'fakesvc.py'} \"$@\"\n"
+            f'#!/bin/sh\nexec {sys.executable} {TESTS / "fakes" / "fakesvc.py"} "$@"\n'
         )
         for exe in (launchctl, systemctl):
             exe.chmod(0o755)

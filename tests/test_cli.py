@@ -39,7 +39,10 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
 
 def test_module_entry_point_runs() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "mlx_watchdog", "--version"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "mlx_watchdog", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.startswith("mlx-watchdog, version ")
 

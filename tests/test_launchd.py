@@ -199,7 +199,9 @@ def test_launchctl_print_is_read_defensively(
 ) -> None:
     info = parse_print(text)
     assert (info.pid, info.running) == (pid, running)
-    assert (problem is None and info.problem is None) or (problem and problem in (info.problem or ""))
+    assert (problem is None and info.problem is None) or (
+        problem and problem in (info.problem or "")
+    )
 
 
 def daemon_pid(state: Path) -> int | None:
@@ -220,4 +222,3 @@ def subprocess_run(argv: list[str]) -> None:
 
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-

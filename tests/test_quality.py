@@ -61,7 +61,10 @@ def test_the_wheel_ships_every_module_and_template(wheel: Path) -> None:
     """A plain (not editable) install must have all of it: subpackages are easy to forget."""
     with zipfile.ZipFile(wheel) as zf:
         shipped = set(zf.namelist())
-    wanted = {f"mlx_watchdog/{p.relative_to(ROOT / 'watchdog')}" for p in (ROOT / "watchdog").rglob("*.py")}
+    wanted = {
+        f"mlx_watchdog/{p.relative_to(ROOT / 'watchdog')}"
+        for p in (ROOT / "watchdog").rglob("*.py")
+    }
     wanted |= {"mlx_watchdog/py.typed", "mlx_watchdog/fleet/rules.yml"}
     wanted |= {"mlx_watchdog/fleet/dashboard.json"}
     wanted |= {f"mlx_watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "launchd").glob("*.plist")}
@@ -73,7 +76,9 @@ def test_the_wheel_ships_every_module_and_template(wheel: Path) -> None:
 def test_installs_beside_the_watchdog_library(wheel: Path, tmp_path: Path) -> None:
     """The filesystem-events library `watchdog` and mlx-watchdog live in one environment."""
     target = tmp_path / "site"
-    result = run("pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel), "watchdog")
+    result = run(
+        "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel), "watchdog"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"

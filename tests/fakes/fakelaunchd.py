@@ -104,7 +104,9 @@ def launchctl(args: list[str]) -> int:
         if cmd in ("enable", "disable"):
             domain, _, label = rest[0].rpartition("/")
             if domain not in domains(state):
-                return err(f"Could not {cmd} service: 125: Domain does not support specified action", 125)
+                return err(
+                    f"Could not {cmd} service: 125: Domain does not support specified action", 125
+                )
             disabled = set(state.get("disabled", {}).get(domain, []))
             (disabled.discard if cmd == "enable" else disabled.add)(label)
             state.setdefault("disabled", {})[domain] = sorted(disabled)
@@ -135,7 +137,9 @@ def print_(state: dict[str, Any], target: str) -> int:
     print(f"\tactive count = {int(running)}")
     print(f"\tpath = {job['path']}")
     print(f"\ttype = {'LaunchDaemon' if domain == 'system' else 'LaunchAgent'}")
-    print(f"\tstate = {'running' if running else ('exiting' if job.get('booting_out') else 'not running')}")
+    print(
+        f"\tstate = {'running' if running else ('exiting' if job.get('booting_out') else 'not running')}"
+    )
     print("")
     print(f"\tprogram = {job['argv'][0]}")
     print("\targuments = {")

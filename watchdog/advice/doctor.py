@@ -138,9 +138,7 @@ NOTIFIER_PATHS = (  # where Apprise's macosx:// looks for terminal-notifier
 PROTECTED = ("Documents", "Desktop", "Downloads")  # macOS privacy protection (TCC) folders
 
 
-def mac_findings(
-    config: Config, home: Path, system: System, *, python: str
-) -> Iterator[Finding]:
+def mac_findings(config: Config, home: Path, system: System, *, python: str) -> Iterator[Finding]:
     """What launchd jobs on a Mac trip over: notifications need a GUI session and
     terminal-notifier, and privacy protection can keep a job out of some folders."""
     if any(url.startswith("macosx://") for url in config.watchdog.alerts):

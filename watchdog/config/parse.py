@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from mlx_watchdog.config.profiles import PROFILES
 from mlx_watchdog.config.schema import (
     Config,
     ConfigError,
@@ -127,7 +128,9 @@ def _section(
     cls: type, raw: Mapping[str, Any], c: _Collector, skip: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Each key of `cls` that is in `raw`, through its parser; the others keep their default."""
-    return {f.name: c.get(raw, f.name, f.metadata["parse"]) for f in keys(cls) if f.name not in skip}
+    return {
+        f.name: c.get(raw, f.name, f.metadata["parse"]) for f in keys(cls) if f.name not in skip
+    }
 
 
 def _watchdog(raw: Mapping[str, Any], errors: list[str]) -> WatchdogSettings:
@@ -155,6 +158,8 @@ def _server(
     values = _present(_section(ServerConfig, raw, c))
     url = values.setdefault("url", DEFAULT_URL)
     values.setdefault("name", f"mlx-{urlsplit(url).port or 80}")
+    kind = values.get("kind", "mlx_lm")
+    values.setdefault("match", PROFILES[kind].match)
     server = ServerConfig(
         **values,
         probe=_probe(
@@ -173,6 +178,11 @@ def _server(
     if server.manager in needs and not getattr(server, needs[server.manager]):
         errors.append(
             f'{label}: manager = "{server.manager}" needs {needs[server.manager]} to be set'
+        )
+    if server.manager != "none" and not server.match.strip():
+        errors.append(
+            f'{label}: manager = "{server.manager}" needs match (a part of the server\'s '
+            f'command line): kind = "{server.kind}" has none to offer'
         )
     if server.api_key_file is not None:
         _check_key_file(server.api_key_file, label, errors, warnings)

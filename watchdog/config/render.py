@@ -186,5 +186,3 @@ def append_server(path: Path, block: str) -> Path:
             path.write_text(before)
         raise
     return path
-
-

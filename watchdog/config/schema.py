@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from mlx_watchdog.config.profiles import PROFILES, Kind, Profile
 from mlx_watchdog.config.values import (
     Convert,
     Manager,
@@ -24,6 +25,7 @@ from mlx_watchdog.config.values import (
     parse_domain,
     parse_duration,
     parse_env,
+    parse_kind,
     parse_manager,
     parse_name,
     parse_path,
@@ -145,6 +147,12 @@ class ServerConfig:
     url: str = setting(
         parse=parse_url, doc="required: the server's base URL", example="http://127.0.0.1:8080"
     )
+    kind: Kind = setting(
+        "mlx_lm",
+        parse=parse_kind,
+        doc="mlx_lm | llama.cpp | vllm-mlx | rapid-mlx | omlx | mlx-openai-server | lmstudio "
+        "| ollama | vllm | openai: sets match, the model rule and what the server reports",
+    )
     api_key_file: Path | None = setting(
         None, parse=parse_path, doc="chmod 600", example="~/.config/mlx-watchdog/api-key"
     )
@@ -185,7 +193,9 @@ class ServerConfig:
         (), parse=parse_argv, doc="command", example=["/usr/local/bin/restart-mlx"]
     )
     match: str = setting(
-        "mlx_lm", parse=parse_str, doc="the server's command line must contain this"
+        "mlx_lm",
+        parse=parse_str,
+        doc="the server's command line must contain this (left out: the kind's)",
     )
     env: Mapping[str, str] = setting(
         parse=parse_env,
@@ -207,6 +217,10 @@ class ServerConfig:
     def port(self) -> int:
         parts = urlsplit(self.url)
         return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def profile(self) -> Profile:
+        return PROFILES[self.kind]
 
     def api_key(self) -> str | None:
         """Read the key at use time, so a rotated key needs no reload."""

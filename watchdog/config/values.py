@@ -111,9 +111,7 @@ def parse_bool(value: object, where: str) -> bool:
 def int_range(low: int, high: int) -> Convert:
     def convert(value: object, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(
-                f"{where} = {show(value)} must be a whole number from {low} to {high}"
-            )
+            raise ValueError(f"{where} = {show(value)} must be a whole number from {low} to {high}")
         return value
 
     return convert
@@ -201,6 +199,14 @@ def parse_manager(value: object, where: str) -> Manager:
     if value not in MANAGERS:
         raise ValueError(f"{where} = {show(value)} must be one of: {', '.join(MANAGERS)}")
     return value
+
+
+def parse_kind(value: object, where: str) -> str:
+    from mlx_watchdog.config.profiles import KINDS
+
+    if value not in KINDS:
+        raise ValueError(f"{where} = {show(value)} must be one of: {', '.join(KINDS)}")
+    return str(value)
 
 
 def parse_domain(value: object, where: str) -> str:

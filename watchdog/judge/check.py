@@ -15,6 +15,7 @@ from pathlib import Path
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge
 from mlx_watchdog.sense.evidence import Address, Inspector, ProcessTable
+from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, check_models
 
 POLL = 0.25
@@ -108,14 +109,26 @@ class Checker:
         self.left = left or LeftProbes(None)
         self.clock = clock
         self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
+        self.load = LoadReader(server, clock=clock)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
 
     def start(self) -> Probe:
-        """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
+        """Send the probe and check /v1/models; a round in flight is kept, never doubled.
+
+        A server whose profile needs a model named and has none configured is asked its
+        /v1/models first, and the probe names the first listed.
+        """
         if self.probe is None:
-            self.probe = Probe(self.server, clock=self.clock).start()
-            self.models = check_models(self.server, clock=self.clock)
+            target = self.server
+            if target.profile.needs_model and not target.model:
+                self.models = check_models(target, clock=self.clock)
+                if self.models.ids:
+                    target = replace(target, model=self.models.ids[0])
+                self.probe = Probe(target, clock=self.clock).start()
+            else:
+                self.probe = Probe(target, clock=self.clock).start()
+                self.models = check_models(target, clock=self.clock)
         return self.probe
 
     def observe(self, pid: int | None, *, fresh_since: float | None = None) -> Observation:
@@ -127,11 +140,12 @@ class Checker:
         snap = probe.snapshot()
         own = [probe.local_address] if probe.local_address else []
         process = self.inspector.sample(pid, exclude=self.left.load() + own)
+        load = self.load.read()
         if snap.done:
             self.probe = None
         if fresh_since is not None and snap.started_at < fresh_since:
             snap = replace(snap, started_at=fresh_since)
-        return Observation(snap, process, self.models)
+        return Observation(snap, process, self.models, load)
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:
         return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.clock())

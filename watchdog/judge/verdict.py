@@ -13,6 +13,7 @@ from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
     OK,
+    LoadReport,
     ModelsCheck,
     ProbeFinding,
     ProbeSnapshot,
@@ -24,6 +25,7 @@ class Observation:
     probe: ProbeSnapshot
     process: ProcessEvidence
     models: ModelsCheck | None = None
+    load: LoadReport | None = None  # what the server says about itself (its profile's routes)
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,19 @@ def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | No
 
 
 def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None, str]:
-    probe, proc, models = obs.probe, obs.process, obs.models
+    probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
     waited = probe.waited(now)
     age = proc.age(now)
     young = age is not None and age < s.startup_grace
+
+    if probe.finding == ProbeFinding.LOADING:
+        if age is not None and age >= s.startup_grace:
+            return State.DOWN, (
+                f"still loading its model {_s(age)} after it started "
+                f"(startup_grace is {_s(s.startup_grace)}): {probe.detail}"
+            )
+        since = f" (PID {proc.pid} started {_s(age)} ago)" if age is not None else ""
+        return State.STARTING, f"the server says it is loading its model{since}"
 
     if probe.finding == OK:
         ttft = probe.ttft if probe.ttft is not None else waited
@@ -88,11 +99,34 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
             State.STARTING,
             f"PID {proc.pid} started {_s(age or 0)} ago; no token yet after {_s(waited)}",
         )
+    if load is not None and load.ok and load.loaded == 0 and waited < s.startup_grace:
+        return State.STARTING, f"{load.describe()}: it loads one for the probe"
     if waited < s.slow_after:
         return None, ""
     got = _bytes_note(probe)
+    if load is not None and _loading(load):
+        return State.STARTING, f"its health route answers {load.health_status}: loading"
+    if load is not None and (load.health_status or 0) >= 500:
+        return State.WEDGED, (
+            f"no token for {_s(waited)}{got} and the server's own health route answers "
+            f"{load.health_status} ({load.health_body.strip()[:80] or 'no body'})"
+        )
+    stalled = load.stalled(now) if load is not None and load.ok else None
+    if (
+        load is not None
+        and stalled is not None
+        and (load.queued or 0) > 0
+        and waited >= s.wedge_after
+        and stalled >= s.wedge_after
+    ):
+        return State.WEDGED, (
+            f"no token for {_s(waited)}{got}; {load.describe()}, and its progress counter "
+            f"has not moved for {_s(stalled)}"
+        )
     if proc.abandoned is None or proc.live is None:
         why = proc.error or "its connections cannot be inspected"
+        if load is not None and load.ok and load.queued and stalled is not None:
+            why = f"{load.describe()}, last progress {_s(stalled)} ago"
         if waited >= s.max_busy:
             return (
                 State.WEDGED,
@@ -111,6 +145,13 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
 
     lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
+    leaked = (load.queued or 0) - (live + abandoned + 1) if load is not None and load.ok else 0
+    if leaked > 0 and not abandoned:
+        return State.WEDGED, (
+            f"{lead}; {load.describe() if load else ''} but only {_clients(live)} and the "
+            f"probe are connected: {leaked} request{'s' if leaked != 1 else ''} "
+            f"{'have' if leaked != 1 else 'has'} no client"
+        )
     if abandoned:
         oldest = proc.oldest_abandoned(now)
         since = f" (the oldest seen for {_s(oldest)})" if oldest else ""
@@ -160,6 +201,11 @@ class Evidence:
     oldest_abandoned_s: float | None = None
     gave_up_after_s: tuple[float, ...] = ()  # how long each departed client had waited
     process_error: str | None = None
+    server_report: str | None = None  # what the server says of itself (its load route)
+    server_running: int | None = None
+    server_waiting: int | None = None
+    server_progress_still_s: float | None = None  # its progress counter has not moved for
+    health_status: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -177,7 +223,7 @@ class Evidence:
 
 
 def evidence(obs: Observation, now: float) -> Evidence:
-    probe, proc, models = obs.probe, obs.process, obs.models
+    probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
     return Evidence(
         ttft_s=_r(probe.ttft),
         waited_s=_r(probe.waited(now)),
@@ -203,7 +249,16 @@ def evidence(obs: Observation, now: float) -> Evidence:
         oldest_abandoned_s=_r(proc.oldest_abandoned(now)),
         gave_up_after_s=tuple(proc.gave_up_after()),
         process_error=proc.error or None,
+        server_report=load.describe() if load else None,
+        server_running=load.running if load else None,
+        server_waiting=load.waiting if load else None,
+        server_progress_still_s=_r(load.stalled(now)) if load else None,
+        health_status=load.health_status if load else None,
     )
+
+
+def _loading(load: LoadReport) -> bool:
+    return load.health_status == 503 and "loading" in load.health_body.lower()
 
 
 def _models_note(models: ModelsCheck | None) -> str:

@@ -3,7 +3,7 @@ library (the verdict, `status` and the endpoint import this, not the probe)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -26,6 +26,7 @@ class ProbeFinding(StrEnum):
     REFUSED = "refused"
     CONNECT_TIMEOUT = "connect_timeout"
     CONNECT_ERROR = "connect_error"
+    LOADING = "loading"  # 503 "Loading model" (llama-server while it loads)
     NO_RESPONSE = "no_response"  # nothing by the hard timeout
     ABORTED = "aborted"  # the watchdog closed it itself: says nothing about the server
 
@@ -105,3 +106,54 @@ class ModelsCheck:
     detail: str
     ids: tuple[str, ...]
     elapsed: float
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What the server said about itself this tick: its health route's status and its own load
+    report. `since`: when the progress counter last moved (or was first read)."""
+
+    route: str
+    finding: str  # "ok", "http_error", "invalid", "timeout", "error"
+    detail: str
+    status: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    progress: float | None = None
+    loaded: int | None = None
+    since: float | None = None
+    health_status: int | None = None
+    health_body: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.finding == "ok"
+
+    @property
+    def queued(self) -> int | None:
+        """Requests the server holds: running and waiting."""
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0) + (self.waiting or 0)
+
+    def moved_since(self, since: float | None) -> LoadReport:
+        return replace(self, since=since)
+
+    def with_health(self, status: int | None, body: str) -> LoadReport:
+        return replace(self, health_status=status, health_body=body)
+
+    def stalled(self, now: float) -> float | None:
+        """How long the progress counter has not moved, when there is one."""
+        return None if self.since is None or self.progress is None else now - self.since
+
+    def describe(self) -> str:
+        if not self.ok:
+            return f"{self.route}: {self.finding} ({self.detail})"
+        parts = []
+        if self.running is not None:
+            parts.append(f"{self.running} running")
+        if self.waiting is not None:
+            parts.append(f"{self.waiting} waiting")
+        if self.loaded is not None:
+            parts.append(f"{self.loaded} model{'s' if self.loaded != 1 else ''} loaded")
+        return f"{self.route} reports " + (", ".join(parts) or "nothing")

@@ -175,9 +175,7 @@ class Probe:
                 self._read(response, hard)
         except httpx.ConnectError as exc:
             refused = _refused(exc)
-            self._finish(
-                ProbeFinding.REFUSED if refused else ProbeFinding.CONNECT_ERROR, str(exc)
-            )
+            self._finish(ProbeFinding.REFUSED if refused else ProbeFinding.CONNECT_ERROR, str(exc))
         except httpx.ConnectTimeout:
             self._finish(ProbeFinding.CONNECT_TIMEOUT, f"no connection within {CONNECT_TIMEOUT:g}s")
         except httpx.ReadTimeout:
@@ -384,6 +382,8 @@ def classify_error(status: int, ctype: str, body: bytes | None) -> tuple[ProbeFi
     if isinstance(data, dict) and "error" in data:
         err = data["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
+        if status == 503 and "loading" in str(msg).lower():
+            return ProbeFinding.LOADING, f"HTTP 503: {_excerpt(str(msg).encode())}"
         return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(str(msg).encode())}"
     return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(body)}"
 

@@ -199,6 +199,7 @@ class Daemon:
         if abs(d_wall - d_mono) <= JUMP and late <= JUMP:
             return
         w.fresh_since = mono
+        w.checker.load.forget()
         w.streak = Streak()
         log.warning(
             "%s: the clock moved %+.0f s against the %.0f s the watchdog measured "

@@ -1,0 +1,231 @@
+"""What the watchdog knows about each local server: the defaults a user would otherwise look
+up (`match`, whether the probe must name a model), the health route and what it means, and
+where the server reports its own load. Read from each project's source; see the README's
+"Supported servers" table. Plain data: reading the routes is `sense.load`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal[
+    "mlx_lm",
+    "llama.cpp",
+    "vllm-mlx",
+    "rapid-mlx",
+    "omlx",
+    "mlx-openai-server",
+    "lmstudio",
+    "ollama",
+    "vllm",
+    "openai",
+]
+Format = Literal["prometheus", "json"]
+
+
+@dataclass(frozen=True)
+class LoadRoute:
+    """A route where the server says what it is doing.
+
+    `running`, `waiting`, `progress`: Prometheus family names (summed over their samples) or
+    dotted JSON paths (a number, a bool, or a list's length). `progress` must move while the
+    server computes (a decode-step or token counter), so "running, and progress not moving"
+    means stuck, not slow.
+    """
+
+    path: str
+    format: Format
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    progress: tuple[str, ...] = ()
+    loaded: str = ""  # models in memory: none while the probe waits means one is loading
+    enable: str = ""  # what turns the route on, when it is off by default
+
+
+@dataclass(frozen=True)
+class Profile:
+    kind: Kind
+    title: str
+    match: str  # a substring of the server's command line
+    needs_model: bool = False  # the probe must name a model: the first of /v1/models if unset
+    health: str | None = None
+    loading_status: int | None = None  # the health (and every route) answer while loading
+    load: LoadRoute | None = None
+    failure_modes: tuple[tuple[str, str], ...] = ()  # (what goes wrong, what avoids it)
+
+
+PROFILES: dict[Kind, Profile] = {
+    p.kind: p
+    for p in (
+        Profile(
+            "mlx_lm",
+            "mlx_lm.server",
+            match="mlx_lm",
+            health="/health",
+            failure_modes=(
+                (
+                    "serves one request at a time: a client that gives up mid-prefill leaves "
+                    "the server computing for nobody while everyone waits",
+                    "client timeouts longer than a long prompt's prefill "
+                    "(`mlx-watchdog calibrate` says how long)",
+                ),
+                (
+                    "/health answers 503 when the generation thread has died; /v1/models "
+                    "still answers 200",
+                    "restart it (manager set): the watchdog does when no token comes",
+                ),
+            ),
+        ),
+        Profile(
+            "llama.cpp",
+            "llama.cpp llama-server",
+            match="llama-server",
+            health="/health",
+            loading_status=503,
+            load=LoadRoute(
+                "/metrics",
+                "prometheus",
+                running=("llamacpp:requests_processing",),
+                waiting=("llamacpp:requests_deferred",),
+                progress=("llamacpp:n_decode_total",),
+                enable="start llama-server with --metrics",
+            ),
+            failure_modes=(
+                (
+                    'every route answers 503 "Loading model" until the model is loaded',
+                    "probe.startup_grace at least the model's load time",
+                ),
+                (
+                    "/metrics is off by default, so the watchdog cannot read the slots' load",
+                    "start llama-server with --metrics",
+                ),
+                (
+                    "aborting one stream during another's prefill can hang the server "
+                    "(llama.cpp #27604)",
+                    "client timeouts longer than the prefill; the watchdog restarts a hung one",
+                ),
+            ),
+        ),
+        Profile(
+            "vllm-mlx",
+            "vllm-mlx",
+            match="vllm-mlx",
+            health="/health",
+            load=LoadRoute("/health", "json", running=("active_requests",)),
+            failure_modes=(
+                (
+                    '/health says "healthy" while requests queue behind a stuck one',
+                    "--continuous-batching, and client timeouts longer than the prefill",
+                ),
+            ),
+        ),
+        Profile(
+            "rapid-mlx",
+            "Rapid-MLX",
+            match="rapid-mlx",
+            health="/health",
+            load=LoadRoute(
+                "/metrics",
+                "prometheus",
+                running=("rapid_mlx_requests_running",),
+                waiting=("rapid_mlx_requests_waiting",),
+                progress=("rapid_mlx_steps_executed_total",),
+            ),
+            failure_modes=(
+                (
+                    "aborted requests can leak running slots until nothing is served, while "
+                    "/v1/models and /metrics answer 200 (Rapid-MLX #1759)",
+                    "nothing in the server: the watchdog reads the leaked slots from /metrics "
+                    "and restarts it",
+                ),
+            ),
+        ),
+        Profile(
+            "omlx",
+            "oMLX",
+            match="omlx",
+            health="/health",
+            failure_modes=(
+                (
+                    "/health answers 200 during a wedge (oMLX #1883, #1884, #2852)",
+                    "nothing in the server: only a generation probe tells",
+                ),
+            ),
+        ),
+        Profile(
+            "mlx-openai-server",
+            "mlx-openai-server",
+            match="mlx-openai-server",
+            health="/health",
+            load=LoadRoute(
+                "/v1/queue/stats",
+                "json",
+                running=(
+                    "queue_stats.queue_stats.active_requests",
+                    "queue_stats.batch_stats.active_requests",
+                ),
+                waiting=(
+                    "queue_stats.queue_stats.queue_size",
+                    "queue_stats.batch_stats.queue_size",
+                ),
+            ),
+            failure_modes=(
+                (
+                    "non-streaming requests are not cancelled when the client leaves and "
+                    "starve the serial worker (mlx-openai-server #321)",
+                    "clients that stream, or timeouts longer than the longest answer",
+                ),
+            ),
+        ),
+        Profile(
+            "lmstudio",
+            "LM Studio",
+            match="LM Studio",
+            needs_model=True,
+            failure_modes=(
+                (
+                    "prompt processing runs to the end after the client aborts",
+                    "client timeouts longer than the prefill",
+                ),
+                (
+                    "the probe must name a model; an unloaded one is loaded first (JIT)",
+                    "set model to one that stays loaded",
+                ),
+            ),
+        ),
+        Profile(
+            "ollama",
+            "Ollama",
+            match="ollama",
+            needs_model=True,
+            load=LoadRoute("/api/ps", "json", loaded="models"),
+            failure_modes=(
+                (
+                    "a client's disconnect is noticed only at the first token, so an "
+                    "abandoned prefill runs to the end (Ollama #11889)",
+                    "client timeouts longer than the prefill",
+                ),
+                (
+                    "the model is unloaded after OLLAMA_KEEP_ALIVE (5 min): the next "
+                    "request pays the load time",
+                    "OLLAMA_KEEP_ALIVE=-1, or probe.startup_grace above the load time",
+                ),
+            ),
+        ),
+        Profile(
+            "vllm",
+            "vLLM",
+            match="vllm",
+            health="/health",
+            load=LoadRoute(
+                "/metrics",
+                "prometheus",
+                running=("vllm:num_requests_running",),
+                waiting=("vllm:num_requests_waiting",),
+                progress=("vllm:iteration_tokens_total_count",),
+            ),
+        ),
+        Profile("openai", "any OpenAI-compatible server", match=""),
+    )
+}
+KINDS: tuple[Kind, ...] = tuple(PROFILES)

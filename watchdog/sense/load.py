@@ -1,0 +1,219 @@
+"""What the server says about itself: its health route and its own load report (running and
+waiting requests, a counter that moves while it computes, the models it holds), read each tick.
+
+A report is evidence next to the sockets: a server that closes the socket but leaks the slot
+shows no abandoned connection, yet reports work that does not move.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.config.profiles import LoadRoute
+from mlx_watchdog.sense.findings import LoadReport
+from mlx_watchdog.sense.probe import auth_headers, tls
+
+MAX_REPORT = 1 << 20
+REPORT_TIMEOUT = 5.0
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Family (or sample) name -> the sum of its samples. Labels are summed over."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name_end = len(line)
+        for i, ch in enumerate(line):
+            if ch in "{ \t":
+                name_end = i
+                break
+        name = line[:name_end]
+        rest = line[name_end:]
+        if rest.startswith("{"):
+            close = rest.find("}")
+            if close < 0:
+                continue
+            rest = rest[close + 1 :]
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        sums[name] = sums.get(name, 0.0) + value
+    return sums
+
+
+def json_value(doc: object, path: str) -> float | None:
+    """A dotted path into a JSON document: a number, a bool (1/0) or a list's length."""
+    node: object = doc
+    for key in path.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    if isinstance(node, bool):
+        return 1.0 if node else 0.0
+    if isinstance(node, (int, float)):
+        return float(node)
+    if isinstance(node, list):
+        return float(len(node))
+    return None
+
+
+def _total(values: Iterable[float | None]) -> int | None:
+    found = [v for v in values if v is not None]
+    return int(sum(found)) if found else None
+
+
+def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
+    """Interpret one answer of the load route. Never raises: a bad answer is a finding."""
+    if status != 200:
+        hint = f"; {route.enable}" if route.enable and status in (404, 501) else ""
+        return LoadReport(route.path, "http_error", f"HTTP {status}{hint}", status=status)
+    text = body.decode(errors="replace")
+    if route.format == "prometheus":
+        sums = parse_prometheus(text)
+
+        def get(name: str) -> float | None:
+            return sums.get(name)
+
+        if not sums:
+            return LoadReport(route.path, "invalid", "no metric samples", status=status)
+    else:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return LoadReport(route.path, "invalid", "not JSON", status=status)
+
+        def get(name: str) -> float | None:
+            return json_value(doc, name)
+
+    running = _total(get(n) for n in route.running)
+    waiting = _total(get(n) for n in route.waiting)
+    progress_values = [get(n) for n in route.progress]
+    progress = sum(v for v in progress_values if v is not None) if route.progress else None
+    if route.progress and all(v is None for v in progress_values):
+        progress = None
+    loaded = _total([get(route.loaded)]) if route.loaded else None
+    wanted = bool(route.running or route.waiting or route.progress or route.loaded)
+    if wanted and running is None and waiting is None and progress is None and loaded is None:
+        names = ", ".join((*route.running, *route.waiting, *route.progress, route.loaded))
+        return LoadReport(route.path, "invalid", f"none of {names.strip(', ')}", status=status)
+    return LoadReport(
+        route.path,
+        "ok",
+        "",
+        status=status,
+        running=running,
+        waiting=waiting,
+        progress=progress,
+        loaded=loaded,
+    )
+
+
+@dataclass
+class _Seen:
+    value: float | None = None
+    since: float | None = None
+
+
+class LoadReader:
+    """Reads a server's load route each tick and remembers when its progress counter last moved.
+
+    `since` on a report is that moment (or the first reading): "running, and not moved since".
+    """
+
+    def __init__(
+        self,
+        server: ServerConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = server
+        self.clock = clock
+        self.transport = transport
+        self._seen = _Seen()
+
+    def read(self) -> LoadReport | None:
+        """The health route's answer and the load report; None for a kind with neither."""
+        profile = self.server.profile
+        route, health = profile.load, profile.health
+        if route is None and health is None:
+            return None
+        health_answer: tuple[int | None, str] = (None, "")
+        if health is not None and (route is None or route.path != health):
+            health_answer = self._health(health)
+        if route is None:
+            assert health is not None
+            status, text = health_answer
+            finding = "ok" if status is not None else "error"
+            return LoadReport(health, finding, "" if status else text).with_health(status, text)
+        report = self._load(route)
+        if route.path == health:
+            health_answer = (report.status, report.detail if report.status is None else "")
+        return report.with_health(*health_answer)
+
+    def _load(self, route: LoadRoute) -> LoadReport:
+        now = self.clock()
+        try:
+            status, body = fetch(self.server, route.path, self._timeout, self.transport)
+        except httpx.TimeoutException:
+            return LoadReport(route.path, "timeout", f"no answer within {self._timeout:g}s")
+        except httpx.HTTPError as exc:
+            return LoadReport(route.path, "error", f"{type(exc).__name__}: {exc}")
+        except OSError as exc:
+            return LoadReport(route.path, "error", f"cannot read api_key_file: {exc.strerror}")
+        report = read_report(route, status, body)
+        if report.progress is not None:
+            if report.progress != self._seen.value or self._seen.since is None:
+                self._seen = _Seen(report.progress, now)
+            report = report.moved_since(self._seen.since)
+        return report
+
+    def _health(self, path: str) -> tuple[int | None, str]:
+        try:
+            status, body = fetch(self.server, path, self._timeout, self.transport)
+        except (httpx.HTTPError, OSError) as exc:
+            return None, f"{type(exc).__name__}"
+        return status, body[:200].decode(errors="replace")
+
+    @property
+    def _timeout(self) -> float:
+        return min(self.server.probe.models_timeout, REPORT_TIMEOUT)
+
+    def forget(self) -> None:
+        """After a restart or a clock jump: the counter's history says nothing now."""
+        self._seen = _Seen()
+
+
+def fetch(
+    server: ServerConfig,
+    path: str,
+    timeout: float,
+    transport: httpx.BaseTransport | None = None,
+) -> tuple[int, bytes]:
+    headers: dict[str, Any] = auth_headers(server)
+    with (
+        httpx.Client(timeout=timeout, transport=transport, verify=tls()) as client,
+        client.stream("GET", server.url + path, headers=headers) as response,
+    ):
+        body = b""
+        for chunk in response.iter_raw():
+            body += chunk
+            if len(body) > MAX_REPORT:
+                break
+        return response.status_code, body
