@@ -15,6 +15,7 @@ import socketserver
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 CHUNK = {
     "object": "chat.completion.chunk",
@@ -67,7 +68,11 @@ class Handler(socketserver.BaseRequestHandler):
                 return
             body += part
         mode = self.server.mode
-        if method == "GET" and path.startswith("/v1/models"):
+        report = REPORTS.get((self.server.kind, path))
+        if method == "GET" and report is not None:
+            status, ctype, text = report(self.server.load_state())
+            sock.sendall(head(status, ctype) + text.encode())
+        elif method == "GET" and path.startswith("/v1/models"):
             self.models(sock, mode)
         elif method == "GET" and path == "/health":  # like mlx_lm.server: up means 200
             sock.sendall(head(200, "application/json") + b'{"status": "ok"}')
@@ -211,6 +216,44 @@ class Handler(socketserver.BaseRequestHandler):
         else:
             self.gen_hang(sock)
 
+    def gen_leak(self, sock: socket.socket) -> None:
+        """The first request takes the only slot and never frees it, though its socket is
+        closed (no CLOSE_WAIT to see); later ones wait, and the progress counter stops."""
+        srv = self.server
+        with srv.lock:
+            first = not srv.leaked
+            srv.leaked = True
+            if first:
+                srv.running += 1
+            else:
+                srv.waiting += 1
+        if first:
+            sock.close()
+            return
+        try:
+            srv.stop.wait()
+        finally:
+            with srv.lock:
+                srv.waiting -= 1
+
+    def gen_work(self, sock: socket.socket) -> None:
+        """A serial server that computes each request for --delay seconds, its progress
+        counter moving all the while, then answers."""
+        srv = self.server
+        with srv.lock:
+            srv.waiting += 1
+        with srv.slot:
+            with srv.lock:
+                srv.waiting -= 1
+                srv.running += 1
+                srv.work_started = time.monotonic()
+            time.sleep(srv.delay)
+            with srv.lock:
+                srv.running -= 1
+                srv.progress += 10 * srv.delay
+                srv.work_started = None
+            self.gen_ok(sock)
+
     @staticmethod
     def rst(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -222,7 +265,13 @@ class Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(
-        self, port: int, mode: str, delay: float, ok_requests: int = 0, hang_file: str | None = None
+        self,
+        port: int,
+        mode: str,
+        delay: float,
+        ok_requests: int = 0,
+        hang_file: str | None = None,
+        kind: str = "mlx_lm",
     ) -> None:
         super().__init__(("127.0.0.1", port), Handler)
         self.hang_file = hang_file
@@ -231,6 +280,69 @@ class Server(socketserver.ThreadingTCPServer):
         self.ok_requests = ok_requests
         self.requests = 0
         self.stop = threading.Event()
+        self.kind = kind
+        self.lock = threading.Lock()
+        self.slot = threading.Lock()
+        self.leaked = False
+        self.running = 0
+        self.waiting = 0
+        self.progress = 100.0
+        self.work_started: float | None = None
+
+    def load_state(self) -> tuple[int, int, float]:
+        with self.lock:
+            moving = 0.0 if self.work_started is None else time.monotonic() - self.work_started
+            return self.running, self.waiting, self.progress + 10 * moving
+
+
+# Each server's load routes, shaped as its source writes them (see tests/test_load.py).
+def _prom(lines: dict[str, float]) -> tuple[int, str, str]:
+    text = "".join(f"# TYPE {k} gauge\n{k} {v}\n" for k, v in lines.items())
+    return 200, "text/plain; version=0.0.4", text
+
+
+def _json(doc: object) -> tuple[int, str, str]:
+    return 200, "application/json", json.dumps(doc)
+
+
+Report = Callable[[tuple[int, int, float]], tuple[int, str, str]]
+REPORTS: dict[tuple[str, str], Report] = {
+    ("llama.cpp", "/metrics"): lambda s: _prom(
+        {
+            "llamacpp:requests_processing": s[0],
+            "llamacpp:requests_deferred": s[1],
+            "llamacpp:n_decode_total": s[2],
+        }
+    ),
+    ("llama.cpp", "/health"): lambda s: _json({"status": "ok"}),
+    ("rapid-mlx", "/metrics"): lambda s: _prom(
+        {
+            'rapid_mlx_requests_running{model="m"}': s[0],
+            'rapid_mlx_requests_waiting{model="m"}': s[1],
+            'rapid_mlx_steps_executed_total{model="m"}': s[2],
+        }
+    ),
+    ("vllm", "/metrics"): lambda s: _prom(
+        {
+            'vllm:num_requests_running{model_name="m"}': s[0],
+            'vllm:num_requests_waiting{model_name="m"}': s[1],
+            'vllm:iteration_tokens_total_count{model_name="m"}': s[2],
+        }
+    ),
+    ("vllm-mlx", "/health"): lambda s: _json(
+        {"status": "healthy", "model_loaded": True, "active_requests": s[0] + s[1]}
+    ),
+    ("mlx-openai-server", "/v1/queue/stats"): lambda s: _json(
+        {
+            "status": "ok",
+            "queue_stats": {
+                "queue_stats": {"running": True, "queue_size": s[1], "active_requests": s[0]},
+                "batch_stats": {"running": False, "queue_size": 0, "active_requests": 0},
+            },
+        }
+    ),
+    ("ollama", "/api/ps"): lambda s: _json({"models": [{"name": "bad-model", "size_vram": 1}]}),
+}
 
 
 MODES = sorted(name[4:] for name in dir(Handler) if name.startswith("gen_"))
@@ -243,8 +355,9 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=1.5)
     parser.add_argument("--ok-requests", type=int, default=3)
     parser.add_argument("--hang-file")
+    parser.add_argument("--kind", default="mlx_lm", help="emulate this server's load routes")
     args = parser.parse_args()
-    server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file)
+    server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
     print("ready", flush=True)
     server.serve_forever()
 

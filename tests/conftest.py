@@ -216,7 +216,7 @@ def batched_server(_batched_server: Running) -> Running:
 def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
-    def start(mode: str, delay: float = 1.5) -> Running:
+    def start(mode: str, delay: float = 1.5, kind: str = "mlx_lm") -> Running:
         port = free_port()
         log = tmp_path / f"bad-{mode}.log"
         fh = log.open("wb")
@@ -230,6 +230,8 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
                 mode,
                 "--delay",
                 str(delay),
+                "--kind",
+                kind,
             ],
             stdout=subprocess.PIPE,
             stderr=fh,

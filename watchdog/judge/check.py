@@ -129,6 +129,7 @@ class Checker:
             else:
                 self.probe = Probe(target, clock=self.clock).start()
                 self.models = check_models(target, clock=self.clock)
+            self.load.read()  # the first reading: progress is "not moved since" from here
         return self.probe
 
     def observe(self, pid: int | None, *, fresh_since: float | None = None) -> Observation:

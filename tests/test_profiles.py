@@ -1,0 +1,90 @@
+"""Each profile's load report read from a running server (the tests' misbehaving server
+emulating each project's routes, shaped from their source): what the report adds to the
+sockets, and that it never turns a busy server wedged."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.check import check_once
+from tests.conftest import Running
+from tests.test_bad_answers import FAST, _post
+
+# The connected client is served (as far as the sockets tell) and the process may look idle:
+# idle_cpu_percent = 0 is what a Mac whose GPU does the work needs, so only the report can tell.
+PATIENT = replace(FAST, wedge_after=2.0, max_busy=30.0, hard_timeout=60.0, idle_cpu_percent=0.0)
+REPORTING = ["llama.cpp", "rapid-mlx", "vllm"]  # running, waiting and a progress counter
+COUNTING = ["vllm-mlx", "mlx-openai-server"]  # requests only: a leak shows, a stall does not
+
+
+def config(url: str, kind: str) -> ServerConfig:
+    return ServerConfig(name=kind, url=url, kind=kind, match="badserver", probe=PATIENT)  # type: ignore[arg-type]
+
+
+def leak_one(port: int) -> socket.socket:
+    """Send the request that takes the slot (its socket is closed by the server), then connect
+    a patient client that waits behind it."""
+    first = _post(port)
+    first.settimeout(5)
+    assert first.recv(100) == b""  # the server closed it: nothing in CLOSE_WAIT
+    first.close()
+    patient = _post(port)
+    time.sleep(0.2)
+    return patient
+
+
+@pytest.mark.parametrize("kind", REPORTING + COUNTING)
+def test_a_leaked_slot_behind_a_closed_socket_is_wedged(
+    kind: str, bad_server: Callable[..., Running]
+) -> None:
+    srv = bad_server("leak", kind=kind)
+    patient = leak_one(srv.port)
+    try:
+        result = check_once(config(srv.url, kind))
+    finally:
+        patient.close()
+    v = result.verdict
+    assert v.state == "wedged", v.reason
+    assert v.evidence.abandoned_connections == 0 and v.evidence.live_connections == 1
+    assert (v.evidence.server_running or 0) >= 1, v.evidence.server_report
+
+
+@pytest.mark.parametrize("kind", ["openai", "mlx_lm"])
+def test_without_a_load_report_the_same_leak_looks_busy(
+    kind: str, bad_server: Callable[..., Running]
+) -> None:
+    """The control: the sockets alone show a served client, so the report is what tells."""
+    srv = bad_server("leak", kind="llama.cpp")
+    patient = leak_one(srv.port)
+    try:
+        result = check_once(config(srv.url, kind))
+    finally:
+        patient.close()
+    assert result.verdict.state == "busy", result.verdict.reason
+
+
+@pytest.mark.parametrize("kind", REPORTING + COUNTING)
+def test_work_that_moves_is_busy(kind: str, bad_server: Callable[..., Running]) -> None:
+    srv = bad_server("work", delay=6.0, kind=kind)
+    patient = _post(srv.port)
+    try:
+        time.sleep(0.3)
+        result = check_once(config(srv.url, kind))
+    finally:
+        patient.close()
+    v = result.verdict
+    assert v.state == "busy", v.reason
+    assert (v.evidence.server_running or 0) >= 1, v.evidence.server_report
+
+
+def test_a_model_is_named_when_the_server_needs_one(bad_server: Callable[..., Running]) -> None:
+    srv = bad_server("ok", kind="ollama")
+    result = check_once(config(srv.url, "ollama"))
+    assert result.verdict.state == "healthy", result.verdict.reason
+    assert result.verdict.evidence.server_report == "/api/ps reports 1 model loaded"
