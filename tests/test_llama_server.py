@@ -175,3 +175,29 @@ def test_the_daemon_runs_and_heals_a_real_llama_server(
     )
     restarts = t.daemon.store.restarts("llama", 0.0)
     assert [(r.trigger, r.outcome) for r in restarts] == [("crashed", "recovered")]
+
+
+def test_doctor_names_the_failure_modes_and_the_metrics_switch(
+    tmp_path: Path, start_llama: StartLlama
+) -> None:
+    from tests.conftest import mlx_watchdog
+
+    server = start_llama(metrics=False)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[watchdog]\nstate_dir = "{tmp_path / "state"}"\nlisten = "off"\n\n'
+        f'[[server]]\nname = "llama"\nkind = "llama.cpp"\nurl = "{server.url}"\n'
+    )
+    proc = mlx_watchdog("doctor", "--config", str(config), "--json")
+    import json
+
+    findings = json.loads(proc.stdout)
+    mine = [f for f in findings if f["what"] == "llama"]
+    unread = [f for f in mine if "load report cannot be read" in f["detail"]]
+    assert unread and unread[0]["level"] == "warning"
+    assert unread[0]["fix"] == "start llama-server with --metrics"
+    notes = [f for f in mine if f["level"] == "note"]
+    assert any("Loading model" in f["detail"] for f in notes), notes
+    assert all(f["fix"] for f in notes)
+    assert proc.returncode == 1
+    server.stop()

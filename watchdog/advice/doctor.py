@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -20,10 +20,11 @@ from mlx_watchdog.judge.advice import tokens_label
 from mlx_watchdog.judge.check import LeftProbes, left_probes
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.sense.evidence import is_local_host
+from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
-Level = Literal["ok", "warning", "problem"]
+Level = Literal["ok", "note", "warning", "problem"]  # a note: known to happen, and the fix
 LITELLM_DEFAULT_TIMEOUT = 600.0  # what the proxy waits when the config names no timeout
 
 
@@ -281,6 +282,7 @@ def _server(
                     f"probe cost: {computed} prompt tokens computed on every probe",
                     "keep probe.prompt fixed; a prompt cache must be enabled on the server",
                 )
+    yield from _profile(server, cmdline)
     if "--draft-model" in cmdline:
         yield Finding(
             "warning",
@@ -312,6 +314,35 @@ def _server(
             f"prompt needs about "
             f"{a.prefill_s:.0f} s; clients need {a.client_s} s, proxies {a.load_balancer_s} s",
         )
+
+
+def _profile(server: ServerConfig, cmdline: Sequence[str]) -> Iterator[Finding]:
+    """What this kind of server is known to do, and whether its load report can be read."""
+    profile = server.profile
+    route = profile.load
+    if route is not None:
+        report = LoadReader(server).read()
+        if report is not None and report.ok:
+            yield Finding("ok", server.name, f"{profile.title}: {report.describe()}")
+        elif report is not None:
+            yield Finding(
+                "warning",
+                server.name,
+                f"{profile.title}: its load report cannot be read ({report.describe()}); "
+                "the watchdog judges by sockets alone",
+                route.enable or f"check that {route.path} answers on this server",
+            )
+    if cmdline and server.match and server.match not in " ".join(cmdline):
+        yield Finding(
+            "warning",
+            server.name,
+            f'the process on the port is not what match = "{server.match}" expects '
+            f"(kind = \"{server.kind}\"): {' '.join(cmdline)[:120]}; the watchdog will not "
+            "signal it",
+            "set kind to the server you run (see the README's supported servers), or match",
+        )
+    for what, avoid in profile.failure_modes:
+        yield Finding("note", server.name, f"{profile.title}: {what}", avoid)
 
 
 def _age(seconds: float) -> str:

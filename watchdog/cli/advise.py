@@ -267,7 +267,7 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
 
     cfg = load_or_exit(config_path)
     findings = []
-    style = {"ok": "green", "warning": "yellow", "problem": "bold red"}
+    style = {"ok": "green", "note": "cyan", "warning": "yellow", "problem": "bold red"}
     for f in run_doctor(cfg, litellm=litellm_config):
         findings.append(f)
         if not as_json:
@@ -276,7 +276,8 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
             )
             out.print(line, soft_wrap=True)
             if f.fix:
-                out.print(f"         fix: {escape(f.fix)}", style="dim", soft_wrap=True)
+                label = "avoid" if f.level == "note" else "fix"
+                out.print(f"         {label}: {escape(f.fix)}", style="dim", soft_wrap=True)
     if as_json:
         import dataclasses
 

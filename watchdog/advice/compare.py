@@ -1,0 +1,243 @@
+"""Two servers side by side, measured the same way: measure the alternative before switching.
+
+For each: the first token of a tiny prompt, the prefill and decode rates, what the prompt cache
+saves when the same long prompt comes twice, and the aggregate decode rate with 1, 2 and 4
+streams at once (what batching gives, and whether the server batches at all).
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mlx_watchdog.advice.calibrate import WORDS_PROBE, CalibrationError, _decode, filler, measure
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.probe import ProbeSnapshot
+
+STREAMS = (1, 2, 4)
+STREAM_TOKENS = 64
+TINY_RUNS = 3
+BATCHES = 1.5  # 4 streams at least this many times faster than 1: the server batches
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    url: str
+    ttft_s: float  # a tiny prompt, median of TINY_RUNS
+    prompt_tokens: int
+    prefill_s: float
+    prefill_tps: float
+    decode_tps: float | None
+    decode_note: str | None
+    again_s: float  # the same long prompt a second time
+    again_cached_tokens: int | None  # as the server reports it (None: not reported)
+    streams_tps: dict[int, float]  # concurrent streams -> aggregate tokens per second
+
+    @property
+    def cache_speedup(self) -> float:
+        return self.prefill_s / self.again_s if self.again_s > 0 else 0.0
+
+    @property
+    def batching(self) -> float:
+        one, most = self.streams_tps.get(1), self.streams_tps.get(max(self.streams_tps))
+        return most / one if one and most else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["streams_tps"] = {str(k): v for k, v in self.streams_tps.items()}
+        doc["cache_speedup"] = round(self.cache_speedup, 2)
+        doc["batching"] = round(self.batching, 2)
+        return doc
+
+
+def measure_side(
+    server: ServerConfig,
+    prompt_tokens: int,
+    *,
+    say: Callable[[str], None] = lambda _: None,
+    timeout: float = 1800.0,
+) -> Side:
+    say(f"{server.name}: a tiny prompt, {TINY_RUNS} times ...")
+    tiny = [_ttft(measure(server, filler(5, secrets.token_hex(8)), 1, timeout))
+            for _ in range(TINY_RUNS)]
+    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
+    if not warm.prompt_tokens:
+        raise CalibrationError(
+            f"{server.name} reports no usage.prompt_tokens; cannot size the prompt"
+        )
+    words = max(1, int(prompt_tokens / (warm.prompt_tokens / WORDS_PROBE)))
+    text = filler(words, secrets.token_hex(8))
+    say(f"{server.name}: prefilling about {prompt_tokens} tokens, then the same prompt again ...")
+    first = measure(server, text, 1, timeout)
+    again = measure(server, text, 1, timeout)
+    say(f"{server.name}: decoding ...")
+    decode_tps, decode_note = _decode(server, timeout)
+    streams = {}
+    for n in STREAMS:
+        say(f"{server.name}: {n} stream{'s' if n > 1 else ''} at once ...")
+        streams[n] = _streams(server, n, timeout)
+    tokens = first.prompt_tokens or prompt_tokens
+    return Side(
+        name=server.name,
+        url=server.url,
+        ttft_s=round(statistics.median(tiny), 4),
+        prompt_tokens=tokens,
+        prefill_s=round(_ttft(first), 4),
+        prefill_tps=round(tokens / _ttft(first), 1),
+        decode_tps=decode_tps,
+        decode_note=decode_note,
+        again_s=round(_ttft(again), 4),
+        again_cached_tokens=again.cached_tokens,
+        streams_tps=streams,
+    )
+
+
+def _ttft(snap: ProbeSnapshot) -> float:
+    assert snap.ttft is not None  # measure() raises when no token came
+    return max(snap.ttft, 1e-6)
+
+
+def _streams(server: ServerConfig, n: int, timeout: float) -> float:
+    """Aggregate completion tokens per second of `n` streams started together."""
+    results: list[ProbeSnapshot] = []
+    errors: list[Exception] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            snap = measure(server, filler(20, secrets.token_hex(8)), STREAM_TOKENS, timeout)
+        except CalibrationError as exc:
+            with lock:
+                errors.append(exc)
+            return
+        with lock:
+            results.append(snap)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - start
+    if errors:
+        raise errors[0]
+    return round(sum(s.tokens for s in results) / wall, 1) if wall > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Side
+    b: Side
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a.to_json(), "b": self.b.to_json(), "findings": findings(self)}
+
+
+def findings(c: Comparison) -> list[str]:
+    """What a person would take from the table, in sentences."""
+    a, b = c.a, c.b
+    out = [
+        _faster("first token of a tiny prompt", a.name, a.ttft_s, b.name, b.ttft_s, lower=True),
+        _faster("prefill", a.name, a.prefill_tps, b.name, b.prefill_tps),
+    ]
+    if a.decode_tps and b.decode_tps:
+        out.append(_faster("decode", a.name, a.decode_tps, b.name, b.decode_tps))
+    for side in (a, b):
+        if side.batching >= BATCHES:
+            out.append(
+                f"{side.name} batches: {max(side.streams_tps)} streams together decode "
+                f"{side.batching:.1f}x as fast as one"
+            )
+        else:
+            out.append(
+                f"{side.name} serves one stream at a time ({max(side.streams_tps)} streams: "
+                f"{side.batching:.1f}x); batching needs a setting (mlx_lm.server batches "
+                f"without --draft-model, llama-server with -np N)"
+            )
+        if side.cache_speedup >= 2:
+            out.append(
+                f"{side.name} reuses the prompt cache: the same prompt again came "
+                f"{side.cache_speedup:.0f}x sooner"
+            )
+        else:
+            out.append(f"{side.name} gains little from sending the same prompt again")
+    return out
+
+
+def _faster(what: str, an: str, av: float, bn: str, bv: float, lower: bool = False) -> str:
+    if av <= 0 or bv <= 0:
+        return f"{what}: not measured on both"
+    ratio = av / bv
+    a_wins = ratio < 1 if lower else ratio > 1
+    factor = max(ratio, 1 / ratio)
+    if factor < 1.1:
+        return f"{what}: about the same on both"
+    return f"{what}: {an if a_wins else bn} is {factor:.1f}x faster"
+
+
+def table(c: Comparison) -> list[tuple[str, str, str]]:
+    """Rows of (measure, A, B) for a terminal table."""
+    a, b = c.a, c.b
+
+    def tps(v: float | None) -> str:
+        return f"{v:,.0f} tok/s" if v else "not measured"
+
+    rows = [
+        ("server", a.url, b.url),
+        ("first token, tiny prompt", _ms(a.ttft_s), _ms(b.ttft_s)),
+        (
+            "prefill",
+            f"{tps(a.prefill_tps)} ({a.prompt_tokens} in {a.prefill_s:.2f} s)",
+            f"{tps(b.prefill_tps)} ({b.prompt_tokens} in {b.prefill_s:.2f} s)",
+        ),
+        ("decode", tps(a.decode_tps), tps(b.decode_tps)),
+        ("same prompt again", _again(a), _again(b)),
+    ]
+    for n in STREAMS:
+        rows.append((
+            f"{n} stream{'s' if n > 1 else ''} at once",
+            _streams_cell(a, n),
+            _streams_cell(b, n),
+        ))
+    return rows
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _again(side: Side) -> str:
+    cached = (
+        f", {side.again_cached_tokens} cached" if side.again_cached_tokens is not None else ""
+    )
+    return f"{_ms(side.again_s)} ({side.cache_speedup:.1f}x sooner{cached})"
+
+
+def _streams_cell(side: Side, n: int) -> str:
+    v = side.streams_tps.get(n, 0.0)
+    one = side.streams_tps.get(1) or 0.0
+    gain = f" (x{v / one:.1f})" if n > 1 and one else ""
+    return f"{v:,.0f} tok/s{gain}"
+
+
+def compare(
+    a: ServerConfig,
+    b: ServerConfig,
+    prompt_tokens: int,
+    *,
+    say: Callable[[str], None] = lambda _: None,
+    timeout: float = 1800.0,
+) -> Comparison:
+    return Comparison(
+        measure_side(a, prompt_tokens, say=say, timeout=timeout),
+        measure_side(b, prompt_tokens, say=say, timeout=timeout),
+    )
+
+
