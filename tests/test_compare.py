@@ -36,18 +36,25 @@ def test_serial_against_batched_shows_the_batching_benefit(
     assert a["batching"] < 1.5 <= b["batching"], (a["streams_tps"], b["streams_tps"])
     findings = doc["findings"]
     assert isinstance(findings, list)
-    assert any("serves one stream at a time" in f and serial_server.url[7:] in f
-               for f in findings), findings
+    assert any(
+        "serves one stream at a time" in f and serial_server.url[7:] in f for f in findings
+    ), findings
     assert any(f.startswith(f"{batched_server.url[7:]} batches") for f in findings), findings
 
 
 def test_against_llama_server(serial_server: Running, llama_server: Running) -> None:
-    proc = mlx_watchdog("compare", serial_server.url, llama_server.url, "--prompt-tokens", "1k",
-                        timeout=600)
+    proc = mlx_watchdog(
+        "compare", serial_server.url, llama_server.url, "--prompt-tokens", "1k", timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    for row in ("first token, tiny prompt", "prefill", "decode", "same prompt again",
-                "4 streams at once"):
+    for row in (
+        "first token, tiny prompt",
+        "prefill",
+        "decode",
+        "same prompt again",
+        "4 streams at once",
+    ):
         assert row in text
     assert llama_server.url in text and serial_server.url in text
     # llama-server reports the cached prompt tokens of the repeated prompt (-np 1 keeps it).

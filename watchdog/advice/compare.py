@@ -64,8 +64,10 @@ def measure_side(
     timeout: float = 1800.0,
 ) -> Side:
     say(f"{server.name}: a tiny prompt, {TINY_RUNS} times ...")
-    tiny = [_ttft(measure(server, filler(5, secrets.token_hex(8)), 1, timeout))
-            for _ in range(TINY_RUNS)]
+    tiny = [
+        _ttft(measure(server, filler(5, secrets.token_hex(8)), 1, timeout))
+        for _ in range(TINY_RUNS)
+    ]
     warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
     if not warm.prompt_tokens:
         raise CalibrationError(
@@ -201,11 +203,13 @@ def table(c: Comparison) -> list[tuple[str, str, str]]:
         ("same prompt again", _again(a), _again(b)),
     ]
     for n in STREAMS:
-        rows.append((
-            f"{n} stream{'s' if n > 1 else ''} at once",
-            _streams_cell(a, n),
-            _streams_cell(b, n),
-        ))
+        rows.append(
+            (
+                f"{n} stream{'s' if n > 1 else ''} at once",
+                _streams_cell(a, n),
+                _streams_cell(b, n),
+            )
+        )
     return rows
 
 
@@ -214,9 +218,7 @@ def _ms(seconds: float) -> str:
 
 
 def _again(side: Side) -> str:
-    cached = (
-        f", {side.again_cached_tokens} cached" if side.again_cached_tokens is not None else ""
-    )
+    cached = f", {side.again_cached_tokens} cached" if side.again_cached_tokens is not None else ""
     return f"{_ms(side.again_s)} ({side.cache_speedup:.1f}x sooner{cached})"
 
 
@@ -239,5 +241,3 @@ def compare(
         measure_side(a, prompt_tokens, say=say, timeout=timeout),
         measure_side(b, prompt_tokens, say=say, timeout=timeout),
     )
-
-

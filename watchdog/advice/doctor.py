@@ -337,7 +337,7 @@ def _profile(server: ServerConfig, cmdline: Sequence[str]) -> Iterator[Finding]:
             "warning",
             server.name,
             f'the process on the port is not what match = "{server.match}" expects '
-            f"(kind = \"{server.kind}\"): {' '.join(cmdline)[:120]}; the watchdog will not "
+            f'(kind = "{server.kind}"): {" ".join(cmdline)[:120]}; the watchdog will not '
             "signal it",
             "set kind to the server you run (see the README's supported servers), or match",
         )

@@ -109,6 +109,16 @@ class _StatusCollector(Collector):
             "live_connections",
         )
         yield gauge(
+            "mlx_watchdog_server_reported_running",
+            "Requests the server itself reports running (its kind's load report).",
+            "server_running",
+        )
+        yield gauge(
+            "mlx_watchdog_server_reported_waiting",
+            "Requests the server itself reports waiting (its kind's load report).",
+            "server_waiting",
+        )
+        yield gauge(
             "mlx_watchdog_last_token_timestamp_seconds",
             "Unix time of the last probe that got a token.",
             "last_token_at",

@@ -83,6 +83,10 @@ def describe(
         "cpu_percent": e.cpu_percent,
         "abandoned_connections": e.abandoned_connections,
         "live_connections": e.live_connections,
+        "kind": server.kind,
+        "server_report": e.server_report,
+        "server_running": e.server_running,
+        "server_waiting": e.server_waiting,
         "incident": held.incident,
     }
 
