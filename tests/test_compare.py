@@ -32,12 +32,14 @@ def test_serial_against_batched_shows_the_batching_benefit(
         assert set(side["streams_tps"]) == {"1", "2", "4"}
         assert all(v > 0 for v in side["streams_tps"].values())
         assert side["again_s"] > 0
-    # The serial server (--draft-model) serves one stream at a time; the batched one does not.
-    assert a["batching"] < 1.5 <= b["batching"], (a["streams_tps"], b["streams_tps"])
+    # Side by side or one after another: a structural count, not a speed, so it holds on a
+    # loaded machine (the rates themselves vary run to run by 2x here).
+    assert a["together"] == {"1": 1, "2": 1, "4": 1} and a["batches"] is False, a["together"]
+    assert b["together"]["4"] >= 2 and b["batches"] is True, b["together"]
     findings = doc["findings"]
     assert isinstance(findings, list)
     assert any(
-        "serves one stream at a time" in f and serial_server.url[7:] in f for f in findings
+        f.startswith(f"{serial_server.url[7:]} serves one stream at a time") for f in findings
     ), findings
     assert any(f.startswith(f"{batched_server.url[7:]} batches") for f in findings), findings
 
@@ -56,7 +58,7 @@ def test_against_llama_server(serial_server: Running, llama_server: Running) -> 
         "4 streams at once",
     ):
         assert row in text
-    assert llama_server.url in text and serial_server.url in text
+    assert llama_server.url[7:] in text and serial_server.url[7:] in text
     # llama-server reports the cached prompt tokens of the repeated prompt (-np 1 keeps it).
     assert "cached" in text
 

@@ -7,6 +7,7 @@ streams at once (what batching gives, and whether the server batches at all).
 
 from __future__ import annotations
 
+import math
 import secrets
 import statistics
 import threading
@@ -20,9 +21,9 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.probe import ProbeSnapshot
 
 STREAMS = (1, 2, 4)
-STREAM_TOKENS = 64
+STREAM_TOKENS = 256
 TINY_RUNS = 3
-BATCHES = 1.5  # 4 streams at least this many times faster than 1: the server batches
+SLACK = 0.005  # a burst: the first token and the end of one answer in the same few ms
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,16 @@ class Side:
     again_s: float  # the same long prompt a second time
     again_cached_tokens: int | None  # as the server reports it (None: not reported)
     streams_tps: dict[int, float]  # concurrent streams -> aggregate tokens per second
+    together: dict[int, int]  # of n streams sent at once, how many got a token before one ended
 
     @property
     def cache_speedup(self) -> float:
         return self.prefill_s / self.again_s if self.again_s > 0 else 0.0
+
+    @property
+    def batches(self) -> bool:
+        """Serves streams side by side: a serial server answers the next only after one ends."""
+        return max(self.together.values(), default=1) > 1
 
     @property
     def batching(self) -> float:
@@ -51,6 +58,8 @@ class Side:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["streams_tps"] = {str(k): v for k, v in self.streams_tps.items()}
+        doc["together"] = {str(k): v for k, v in self.together.items()}
+        doc["batches"] = self.batches
         doc["cache_speedup"] = round(self.cache_speedup, 2)
         doc["batching"] = round(self.batching, 2)
         return doc
@@ -80,10 +89,10 @@ def measure_side(
     again = measure(server, text, 1, timeout)
     say(f"{server.name}: decoding ...")
     decode_tps, decode_note = _decode(server, timeout)
-    streams = {}
+    streams, together = {}, {}
     for n in STREAMS:
         say(f"{server.name}: {n} stream{'s' if n > 1 else ''} at once ...")
-        streams[n] = _streams(server, n, timeout)
+        streams[n], together[n] = _streams(server, n, timeout)
     tokens = first.prompt_tokens or prompt_tokens
     return Side(
         name=server.name,
@@ -97,6 +106,7 @@ def measure_side(
         again_s=round(_ttft(again), 4),
         again_cached_tokens=again.cached_tokens,
         streams_tps=streams,
+        together=together,
     )
 
 
@@ -105,8 +115,14 @@ def _ttft(snap: ProbeSnapshot) -> float:
     return max(snap.ttft, 1e-6)
 
 
-def _streams(server: ServerConfig, n: int, timeout: float) -> float:
-    """Aggregate completion tokens per second of `n` streams started together."""
+def _streams(server: ServerConfig, n: int, timeout: float) -> tuple[float, int]:
+    """Aggregate completion tokens per second of `n` streams started together, and how many
+    of them got their first token before the first of them ended.
+
+    The second tells batching from serial serving whatever the machine's speed: a serial
+    server starts the next answer only when one is done (it counts 1), a batching one
+    answers side by side (up to n), even when it sends each answer in one burst.
+    """
     results: list[ProbeSnapshot] = []
     errors: list[Exception] = []
     lock = threading.Lock()
@@ -130,7 +146,12 @@ def _streams(server: ServerConfig, n: int, timeout: float) -> float:
     wall = time.monotonic() - start
     if errors:
         raise errors[0]
-    return round(sum(s.tokens for s in results) / wall, 1) if wall > 0 else 0.0
+    first_end = min(s.done_at or math.inf for s in results)
+    together = sum(
+        1 for s in results if s.first_token_at is not None and s.first_token_at <= first_end + SLACK
+    )
+    tps = round(sum(s.tokens for s in results) / wall, 1) if wall > 0 else 0.0
+    return tps, max(1, together)
 
 
 @dataclass(frozen=True)
@@ -152,16 +173,18 @@ def findings(c: Comparison) -> list[str]:
     if a.decode_tps and b.decode_tps:
         out.append(_faster("decode", a.name, a.decode_tps, b.name, b.decode_tps))
     for side in (a, b):
-        if side.batching >= BATCHES:
+        n = max(side.together)
+        if side.batches:
+            best = max(side.together.values())
             out.append(
-                f"{side.name} batches: {max(side.streams_tps)} streams together decode "
-                f"{side.batching:.1f}x as fast as one"
+                f"{side.name} batches: up to {best} streams were answered side by side; "
+                f"{n} streams decode {side.batching:.1f}x as fast as one"
             )
         else:
             out.append(
-                f"{side.name} serves one stream at a time ({max(side.streams_tps)} streams: "
-                f"{side.batching:.1f}x); batching needs a setting (mlx_lm.server batches "
-                f"without --draft-model, llama-server with -np N)"
+                f"{side.name} serves one stream at a time ({n} streams: "
+                f"{side.batching:.1f}x the decode rate of one); batching needs a setting: "
+                "mlx_lm.server batches without --draft-model, llama-server with -np N"
             )
         if side.cache_speedup >= 2:
             out.append(
@@ -192,7 +215,6 @@ def table(c: Comparison) -> list[tuple[str, str, str]]:
         return f"{v:,.0f} tok/s" if v else "not measured"
 
     rows = [
-        ("server", a.url, b.url),
         ("first token, tiny prompt", _ms(a.ttft_s), _ms(b.ttft_s)),
         (
             "prefill",
@@ -219,13 +241,18 @@ def _ms(seconds: float) -> str:
 
 def _again(side: Side) -> str:
     cached = f", {side.again_cached_tokens} cached" if side.again_cached_tokens is not None else ""
-    return f"{_ms(side.again_s)} ({side.cache_speedup:.1f}x sooner{cached})"
+    x = side.cache_speedup
+    return (
+        f"{_ms(side.again_s)} ({x:.0f}x sooner{cached})"
+        if x >= 10
+        else (f"{_ms(side.again_s)} ({x:.1f}x sooner{cached})")
+    )
 
 
 def _streams_cell(side: Side, n: int) -> str:
     v = side.streams_tps.get(n, 0.0)
     one = side.streams_tps.get(1) or 0.0
-    gain = f" (x{v / one:.1f})" if n > 1 and one else ""
+    gain = f" (x{v / one:.1f}, {side.together.get(n, 1)} side by side)" if n > 1 and one else ""
     return f"{v:,.0f} tok/s{gain}"
 
 
