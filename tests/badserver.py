@@ -69,13 +69,23 @@ class Handler(socketserver.BaseRequestHandler):
             body += part
         mode = self.server.mode
         report = REPORTS.get((self.server.kind, path))
-        if method == "GET" and report is not None:
+        if method == "GET" and report is not None and mode == "report_hang":
+            self.server.stop.wait()  # its report comes from a main loop that is stuck
+        elif method == "GET" and report is not None:
             status, ctype, text = report(self.server.load_state())
             sock.sendall(head(status, ctype) + text.encode())
         elif method == "GET" and path.startswith("/v1/models"):
             self.models(sock, mode)
         elif method == "GET" and path == "/health":  # like mlx_lm.server: up means 200
             sock.sendall(head(200, "application/json") + b'{"status": "ok"}')
+        elif (
+            method == "POST"
+            and path == "/v1/chat/completions"
+            and self.server.kind in ("ollama", "lmstudio")
+            and b'"model"' not in body
+        ):  # both answer 400 when no model is named
+            error = {"error": {"message": "model is required", "type": "invalid_request_error"}}
+            sock.sendall(head(400, "application/json", "Bad Request") + json.dumps(error).encode())
         elif method == "POST" and path == "/v1/chat/completions":
             self.server.requests += 1
             getattr(self, "gen_" + mode)(sock)
@@ -103,6 +113,7 @@ class Handler(socketserver.BaseRequestHandler):
         )
 
     gen_models_empty = gen_ok
+    gen_report_hang = gen_ok
     gen_models_garbage = gen_ok
 
     def gen_slow(self, sock: socket.socket) -> None:

@@ -613,7 +613,7 @@ def start_llama(
     /metrics on. `wait=False` returns while it still loads."""
     started: list[Running] = []
 
-    def start(*extra: str, wait: bool = True) -> Running:
+    def start(*extra: str, wait: bool = True, metrics: bool = True) -> Running:
         port = free_port()
         log = tmp_path_factory.mktemp("llama-log") / "llama.log"
         cmd = [
@@ -624,7 +624,7 @@ def start_llama(
             "127.0.0.1",
             "--port",
             str(port),
-            "--metrics",
+            *(["--metrics"] if metrics else []),
             "-np",
             "1",
             "-c",

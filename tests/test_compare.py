@@ -35,7 +35,7 @@ def test_serial_against_batched_shows_the_batching_benefit(
     # Side by side or one after another: a structural count, not a speed, so it holds on a
     # loaded machine (the rates themselves vary run to run by 2x here).
     assert a["together"] == {"1": 1, "2": 1, "4": 1} and a["batches"] is False, a["together"]
-    assert b["together"]["4"] >= 2 and b["batches"] is True, b["together"]
+    assert max(b["together"].values()) >= 2 and b["batches"] is True, b["together"]
     findings = doc["findings"]
     assert isinstance(findings, list)
     assert any(

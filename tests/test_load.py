@@ -238,3 +238,15 @@ def test_no_model_loaded_means_one_is_loading() -> None:
     empty = LoadReport("/api/ps", "ok", "", status=200, loaded=0)
     v = judge(obs(waiting(), empty), S, now)
     assert v is not None and v.state == State.STARTING
+
+
+def test_side_by_side_counts_overlapping_answers_and_bursts() -> None:
+    from mlx_watchdog.advice.compare import side_by_side
+
+    serial = [(0.25, 0.56), (0.87, 1.18), (1.49, 1.80), (2.1, 2.4)]  # one after another
+    assert side_by_side(serial) == 1
+    bursts = [(0.25, 0.56), (1.43, 1.43), (1.427, 1.427), (1.427, 1.427)]  # measured, batched
+    assert side_by_side(bursts) == 3
+    streaming = [(0.1, 1.0), (0.12, 1.1), (0.5, 0.9)]
+    assert side_by_side(streaming) == 3
+    assert side_by_side([]) == 1

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.check import check_once
+from mlx_watchdog.judge.check import Checker, check_once
 from tests.conftest import Running
 from tests.test_bad_answers import FAST, _post
 
@@ -83,8 +83,38 @@ def test_work_that_moves_is_busy(kind: str, bad_server: Callable[..., Running]) 
     assert (v.evidence.server_running or 0) >= 1, v.evidence.server_report
 
 
-def test_a_model_is_named_when_the_server_needs_one(bad_server: Callable[..., Running]) -> None:
-    srv = bad_server("ok", kind="ollama")
-    result = check_once(config(srv.url, "ollama"))
+@pytest.mark.parametrize("kind", ["ollama", "lmstudio"])
+def test_a_model_is_named_when_the_server_needs_one(
+    kind: str, bad_server: Callable[..., Running]
+) -> None:
+    srv = bad_server("ok", kind=kind)
+    result = check_once(config(srv.url, kind))
     assert result.verdict.state == "healthy", result.verdict.reason
-    assert result.verdict.evidence.server_report == "/api/ps reports 1 model loaded"
+    if kind == "ollama":
+        assert result.verdict.evidence.server_report == "/api/ps reports 1 model loaded"
+    # the control: probing the same server as a generic one names no model and is refused
+    generic = check_once(config(srv.url, "openai"))
+    assert generic.verdict.state == "dead" and "model is required" in generic.verdict.reason
+
+
+def test_a_server_that_needs_a_model_and_lists_none_is_dead(
+    bad_server: Callable[..., Running],
+) -> None:
+    srv = bad_server("models_empty", kind="ollama")
+    result = check_once(config(srv.url, "ollama"))
+    assert result.verdict.state == "dead"
+    assert result.verdict.evidence.probe_finding == "no_model"
+
+
+def test_the_watchdogs_own_report_request_is_never_abandoned_work(
+    bad_server: Callable[..., Running],
+) -> None:
+    """A report request that times out stays in CLOSE_WAIT on the server: it is the
+    watchdog's own, like its probe, and must not count as a client that gave up."""
+    srv = bad_server("report_hang", kind="llama.cpp")
+    checker = Checker(config(srv.url, "llama.cpp"))
+    checker.observe(None)
+    obs = checker.observe(None)
+    assert obs.load is not None and obs.load.finding == "timeout"
+    assert len(checker.load.own()) >= 2
+    assert obs.process.abandoned == 0, obs.process.clients

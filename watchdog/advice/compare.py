@@ -7,7 +7,6 @@ streams at once (what batching gives, and whether the server batches at all).
 
 from __future__ import annotations
 
-import math
 import secrets
 import statistics
 import threading
@@ -23,7 +22,7 @@ from mlx_watchdog.sense.probe import ProbeSnapshot
 STREAMS = (1, 2, 4)
 STREAM_TOKENS = 256
 TINY_RUNS = 3
-SLACK = 0.005  # a burst: the first token and the end of one answer in the same few ms
+SLACK = 0.005  # answers of one batch sent in bursts arrive within a few ms of each other
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Side:
     again_s: float  # the same long prompt a second time
     again_cached_tokens: int | None  # as the server reports it (None: not reported)
     streams_tps: dict[int, float]  # concurrent streams -> aggregate tokens per second
-    together: dict[int, int]  # of n streams sent at once, how many got a token before one ended
+    together: dict[int, int]  # of n streams sent at once, the most answered side by side
 
     @property
     def cache_speedup(self) -> float:
@@ -116,13 +115,9 @@ def _ttft(snap: ProbeSnapshot) -> float:
 
 
 def _streams(server: ServerConfig, n: int, timeout: float) -> tuple[float, int]:
-    """Aggregate completion tokens per second of `n` streams started together, and how many
-    of them got their first token before the first of them ended.
-
-    The second tells batching from serial serving whatever the machine's speed: a serial
-    server starts the next answer only when one is done (it counts 1), a batching one
-    answers side by side (up to n), even when it sends each answer in one burst.
-    """
+    """Aggregate completion tokens per second of `n` streams started together, and the most
+    of them answered side by side: that tells batching from serial serving whatever the
+    machine's speed."""
     results: list[ProbeSnapshot] = []
     errors: list[Exception] = []
     lock = threading.Lock()
@@ -146,12 +141,28 @@ def _streams(server: ServerConfig, n: int, timeout: float) -> tuple[float, int]:
     wall = time.monotonic() - start
     if errors:
         raise errors[0]
-    first_end = min(s.done_at or math.inf for s in results)
-    together = sum(
-        1 for s in results if s.first_token_at is not None and s.first_token_at <= first_end + SLACK
+    together = side_by_side(
+        [(s.first_token_at, s.done_at) for s in results if s.first_token_at and s.done_at]
     )
     tps = round(sum(s.tokens for s in results) / wall, 1) if wall > 0 else 0.0
-    return tps, max(1, together)
+    return tps, together
+
+
+def side_by_side(answers: list[tuple[float, float]]) -> int:
+    """The most answers in progress at one moment, each from its first token to its end.
+
+    A serial server's answers follow one another, however fast; a batching one's overlap, and
+    when it sends each answer in one burst, the bursts of a batch come at the same moment.
+    """
+    edges = sorted(
+        [(first - SLACK, 1) for first, _ in answers] + [(done + SLACK, -1) for _, done in answers],
+        key=lambda e: (e[0], -e[1]),
+    )
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return max(most, 1)
 
 
 @dataclass(frozen=True)

@@ -114,21 +114,10 @@ class Checker:
         self.models: ModelsCheck | None = None
 
     def start(self) -> Probe:
-        """Send the probe and check /v1/models; a round in flight is kept, never doubled.
-
-        A server whose profile needs a model named and has none configured is asked its
-        /v1/models first, and the probe names the first listed.
-        """
+        """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
         if self.probe is None:
-            target = self.server
-            if target.profile.needs_model and not target.model:
-                self.models = check_models(target, clock=self.clock)
-                if self.models.ids:
-                    target = replace(target, model=self.models.ids[0])
-                self.probe = Probe(target, clock=self.clock).start()
-            else:
-                self.probe = Probe(target, clock=self.clock).start()
-                self.models = check_models(target, clock=self.clock)
+            self.probe = Probe(self.server, clock=self.clock).start()
+            self.models = check_models(self.server, clock=self.clock)
             self.load.read()  # the first reading: progress is "not moved since" from here
         return self.probe
 
@@ -140,7 +129,7 @@ class Checker:
         probe = self.start()
         snap = probe.snapshot()
         own = [probe.local_address] if probe.local_address else []
-        process = self.inspector.sample(pid, exclude=self.left.load() + own)
+        process = self.inspector.sample(pid, exclude=self.left.load() + own + self.load.own())
         load = self.load.read()
         if snap.done:
             self.probe = None
@@ -157,9 +146,13 @@ class Checker:
             self.probe = None
 
     def leave(self) -> None:
-        """The caller exits with the probe still waiting: remember it, do not close it."""
+        """The caller exits with the probe still waiting: remember it, do not close it. So
+        too the report requests a stuck server has not answered (they stay in CLOSE_WAIT)."""
+        keep = self.server.probe.hard_timeout
         if self.probe is not None and self.probe.local_address:
-            self.left.add(self.probe.local_address, keep_for=self.server.probe.hard_timeout)
+            self.left.add(self.probe.local_address, keep_for=keep)
+        for address in self.load.own():
+            self.left.add(address, keep_for=keep)
 
 
 def check_once(

@@ -23,6 +23,7 @@ class ProbeFinding(StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     TRICKLE = "trickle"
     RESET = "reset"
+    NO_MODEL = "no_model"  # the server needs a model named and lists none
     REFUSED = "refused"
     CONNECT_TIMEOUT = "connect_timeout"
     CONNECT_ERROR = "connect_error"
@@ -45,6 +46,7 @@ DEAD_FINDINGS: dict[ProbeFinding, str] = {
     ProbeFinding.BODY_TOO_LARGE: "the answer is larger than a 1-token probe can be",
     ProbeFinding.TRICKLE: "bytes kept trickling in without a token",
     ProbeFinding.RESET: "the server closed or reset the connection mid-answer",
+    ProbeFinding.NO_MODEL: "the server needs a model named and lists none",
 }
 DOWN_FINDINGS: dict[ProbeFinding, str] = {
     ProbeFinding.REFUSED: "connection refused: nothing is listening",

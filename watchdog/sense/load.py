@@ -7,6 +7,7 @@ shows no abandoned connection, yet reports work that does not move.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -23,6 +24,7 @@ from mlx_watchdog.sense.probe import auth_headers, tls
 
 MAX_REPORT = 1 << 20
 REPORT_TIMEOUT = 5.0
+ANSWERED_GRACE = 10.0  # an answered request's socket may linger a moment on the server
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -124,6 +126,9 @@ def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
     )
 
 
+Address = tuple[str, int]
+
+
 @dataclass
 class _Seen:
     value: float | None = None
@@ -147,6 +152,28 @@ class LoadReader:
         self.clock = clock
         self.transport = transport
         self._seen = _Seen()
+        self._own: dict[Address, float] = {}  # this reader's connections, until when to skip
+
+    def own(self) -> list[Address]:
+        """The client addresses of this reader's own requests: a report request the server has
+        not closed yet is the watchdog's, never a client's abandoned work."""
+        now = self.clock()
+        self._own = {a: until for a, until in self._own.items() if until > now}
+        return list(self._own)
+
+    def _fetch(self, path: str) -> tuple[int, bytes]:
+        """GET `path`, its connection remembered as the watchdog's own: until the hard timeout
+        while unanswered (the server may hold it in CLOSE_WAIT), briefly once answered."""
+        used: list[Address] = []
+
+        def note(address: Address) -> None:
+            used.append(address)
+            self._own[address] = self.clock() + self.server.probe.hard_timeout
+
+        answer = fetch(self.server, path, self._timeout, self.transport, on_connect=note)
+        for address in used:
+            self._own[address] = self.clock() + ANSWERED_GRACE
+        return answer
 
     def read(self) -> LoadReport | None:
         """The health route's answer and the load report; None for a kind with neither."""
@@ -170,7 +197,7 @@ class LoadReader:
     def _load(self, route: LoadRoute) -> LoadReport:
         now = self.clock()
         try:
-            status, body = fetch(self.server, route.path, self._timeout, self.transport)
+            status, body = self._fetch(route.path)
         except httpx.TimeoutException:
             return LoadReport(route.path, "timeout", f"no answer within {self._timeout:g}s")
         except httpx.HTTPError as exc:
@@ -186,7 +213,7 @@ class LoadReader:
 
     def _health(self, path: str) -> tuple[int | None, str]:
         try:
-            status, body = fetch(self.server, path, self._timeout, self.transport)
+            status, body = self._fetch(path)
         except (httpx.HTTPError, OSError) as exc:
             return None, f"{type(exc).__name__}"
         return status, body[:200].decode(errors="replace")
@@ -205,11 +232,23 @@ def fetch(
     path: str,
     timeout: float,
     transport: httpx.BaseTransport | None = None,
+    on_connect: Callable[[Address], None] | None = None,
 ) -> tuple[int, bytes]:
     headers: dict[str, Any] = auth_headers(server)
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete" and on_connect is not None:
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    on_connect(sock.getsockname()[:2])
+
     with (
         httpx.Client(timeout=timeout, transport=transport, verify=tls()) as client,
-        client.stream("GET", server.url + path, headers=headers) as response,
+        client.stream(
+            "GET", server.url + path, headers=headers, extensions={"trace": trace}
+        ) as response,
     ):
         body = b""
         for chunk in response.iter_raw():

@@ -159,20 +159,18 @@ class Probe:
             self._finish(ProbeFinding.AUTH_FAILED, f"cannot read api_key_file: {exc.strerror}")
             return
         try:
-            with (
-                httpx.Client(timeout=timeout, transport=self._transport, verify=tls()) as client,
-                client.stream(
-                    "POST",
-                    self.server.url + "/v1/chat/completions",
-                    json=probe_body(self.server),
-                    headers=headers,
-                    extensions={"trace": self._trace},
-                ) as response,
-            ):
-                self._set(status=response.status_code)
-                if self.snapshot().headers_at is None:
-                    self._set(headers_at=self._clock())
-                self._read(response, hard)
+            with httpx.Client(timeout=timeout, transport=self._transport, verify=tls()) as client:
+                server = self.server
+                if server.profile.needs_model and not server.model:
+                    model = self._first_model(client, headers)
+                    if model is None:
+                        self._finish(
+                            ProbeFinding.NO_MODEL,
+                            f"{server.profile.title} needs a model named and /v1/models lists none",
+                        )
+                        return
+                    server = replace(server, model=model)
+                self._post(client, server, headers, hard)
         except httpx.ConnectError as exc:
             refused = _refused(exc)
             self._finish(ProbeFinding.REFUSED if refused else ProbeFinding.CONNECT_ERROR, str(exc))
@@ -194,6 +192,41 @@ class Probe:
                 self._finish(ProbeFinding.RESET, str(exc) or type(exc).__name__)
         except httpx.HTTPError as exc:
             self._finish(ProbeFinding.CONNECT_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _post(
+        self, client: httpx.Client, server: ServerConfig, headers: dict[str, str], hard: float
+    ) -> None:
+        with client.stream(
+            "POST",
+            server.url + "/v1/chat/completions",
+            json=probe_body(server),
+            headers=headers,
+            extensions={"trace": self._trace},
+        ) as response:
+            self._set(status=response.status_code)
+            if self.snapshot().headers_at is None:
+                self._set(headers_at=self._clock())
+            self._read(response, hard)
+
+    def _first_model(self, client: httpx.Client, headers: dict[str, str]) -> str | None:
+        """The first model /v1/models lists, for servers that need one named (Ollama, LM
+        Studio). A connection error propagates: it is the probe's finding too."""
+        try:
+            r = client.get(
+                self.server.url + "/v1/models",
+                headers=headers,
+                timeout=self.server.probe.models_timeout,
+                extensions={"trace": self._trace},  # the POST may reuse this connection
+            )
+            entries = r.json().get("data") if r.status_code == 200 else None
+        except httpx.ConnectError:
+            raise
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        ids = [
+            e["id"] for e in entries or [] if isinstance(e, dict) and isinstance(e.get("id"), str)
+        ]
+        return ids[0] if ids else None
 
     def _read(self, response: httpx.Response, hard: float) -> None:
         ctype = response.headers.get("content-type", "").lower()
