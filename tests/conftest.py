@@ -230,8 +230,8 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
                 mode,
                 "--delay",
                 str(delay),
-                "--kind",
-                kind,
+                # only when asked: "--kind mlx_lm" in its command line would match "mlx_lm"
+                *(["--kind", kind] if kind != "mlx_lm" else []),
             ],
             stdout=subprocess.PIPE,
             stderr=fh,

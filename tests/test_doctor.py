@@ -173,8 +173,12 @@ def test_doctor_command_exit_code_and_json(tmp_path: Path) -> None:
     )
     proc = mlx_watchdog("doctor", "--config", str(config), "--json", env={"HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr
-    levels = {f["level"] for f in json.loads(proc.stdout)}
-    assert levels == {"ok", "warning", "problem"}
+    findings = json.loads(proc.stdout)
+    levels = {f["level"] for f in findings}
+    assert levels == {"ok", "note", "warning", "problem"}
+    # the notes are the kind's known failure modes (mlx_lm by default), each with what avoids it
+    notes = [f for f in findings if f["level"] == "note"]
+    assert notes and all(f["detail"].startswith("mlx_lm.server: ") and f["fix"] for f in notes)
 
 
 def test_on_a_mac_doctor_names_what_launchd_jobs_trip_over(tmp_path: Path) -> None:

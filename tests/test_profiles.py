@@ -8,11 +8,12 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.check import Checker, check_once
+from mlx_watchdog.judge.check import Checker, LeftProbes, check_once
 from tests.conftest import Running
 from tests.test_bad_answers import FAST, _post
 
@@ -107,14 +108,23 @@ def test_a_server_that_needs_a_model_and_lists_none_is_dead(
 
 
 def test_the_watchdogs_own_report_request_is_never_abandoned_work(
-    bad_server: Callable[..., Running],
+    bad_server: Callable[..., Running], tmp_path: Path
 ) -> None:
     """A report request that times out stays in CLOSE_WAIT on the server: it is the
-    watchdog's own, like its probe, and must not count as a client that gave up."""
+    watchdog's own, like its probe, and must not count as a client that gave up. A check that
+    exits (the `probe` command) leaves those on record for the daemon, and only those."""
     srv = bad_server("report_hang", kind="llama.cpp")
-    checker = Checker(config(srv.url, "llama.cpp"))
+    left = LeftProbes(tmp_path / "left-probes.json")
+    checker = Checker(config(srv.url, "llama.cpp"), left=left)
     checker.observe(None)
     obs = checker.observe(None)
     assert obs.load is not None and obs.load.finding == "timeout"
-    assert len(checker.load.own()) >= 2
+    hanging = checker.load.unanswered()
+    assert len(hanging) >= 2
     assert obs.process.abandoned == 0, obs.process.clients
+    checker.leave()
+    assert sorted(left.load()) == sorted(hanging)
+
+    answering = Checker(config(bad_server("ok", kind="llama.cpp").url, "llama.cpp"), left=left)
+    answering.observe(None)
+    assert answering.load.own() and answering.load.unanswered() == []

@@ -151,7 +151,7 @@ class Checker:
         keep = self.server.probe.hard_timeout
         if self.probe is not None and self.probe.local_address:
             self.left.add(self.probe.local_address, keep_for=keep)
-        for address in self.load.own():
+        for address in self.load.unanswered():
             self.left.add(address, keep_for=keep)
 
 

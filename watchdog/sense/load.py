@@ -153,13 +153,19 @@ class LoadReader:
         self.transport = transport
         self._seen = _Seen()
         self._own: dict[Address, float] = {}  # this reader's connections, until when to skip
+        self._answered: set[Address] = set()
 
     def own(self) -> list[Address]:
         """The client addresses of this reader's own requests: a report request the server has
         not closed yet is the watchdog's, never a client's abandoned work."""
         now = self.clock()
         self._own = {a: until for a, until in self._own.items() if until > now}
+        self._answered &= set(self._own)
         return list(self._own)
+
+    def unanswered(self) -> list[Address]:
+        """Own requests the server has not answered: a caller that exits leaves them behind."""
+        return [a for a in self.own() if a not in self._answered]
 
     def _fetch(self, path: str) -> tuple[int, bytes]:
         """GET `path`, its connection remembered as the watchdog's own: until the hard timeout
@@ -173,6 +179,7 @@ class LoadReader:
         answer = fetch(self.server, path, self._timeout, self.transport, on_connect=note)
         for address in used:
             self._own[address] = self.clock() + ANSWERED_GRACE
+            self._answered.add(address)
         return answer
 
     def read(self) -> LoadReport | None:
