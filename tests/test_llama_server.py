@@ -161,6 +161,19 @@ def test_the_daemon_runs_and_heals_a_real_llama_server(
     w = t.daemon.watches["llama"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 60, "healthy")
     assert w.verdict is not None and w.verdict.evidence.server_report is not None
+    # A patient client whose prompt takes longer than wedge_after: busy, never restarted.
+    url = config.servers[0].url
+    outcome: list[str] = []
+    client = threading.Thread(target=lambda: outcome.append(send(url, long_prompt(9, 1500), 300)))
+    client.start()
+    until(lambda: w.verdict is not None and w.verdict.state == "busy", 30, "busy")
+    client.join(300)
+    assert outcome == ["served"]
+    until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy again")
+    states = {row.state for row in t.daemon.store.probes("llama", 0.0)}
+    assert "busy" in states and not states & {"wedged", "dead", "down"}, states
+    assert t.daemon.store.restarts("llama", 0.0) == []
+
     first = w.manager.pid()
     assert first is not None
     os.kill(first, signal.SIGKILL)

@@ -28,9 +28,11 @@ class LoadRoute:
     """A route where the server says what it is doing.
 
     `running`, `waiting`, `progress`: Prometheus family names (summed over their samples) or
-    dotted JSON paths (a number, a bool, or a list's length). `progress` must move while the
-    server computes (a decode-step or token counter), so "running, and progress not moving"
-    means stuck, not slow.
+    dotted JSON paths (a number, a bool, or a list's length). `progress` is a counter that
+    moves as the server computes (decode steps, engine steps). It is evidence to show, never
+    a reason to restart: it moves once per step, and one prefill step can take minutes
+    (measured: llama-server's n_decode_total moved every 4-5 s through a 12k-token prompt on
+    the tests' tiny model, while its /metrics answered at once).
     """
 
     path: str

@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlx_watchdog.config import ProbeSettings, ServerConfig
-from mlx_watchdog.judge.verdict import Observation, Verdict, judge
+from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.sense.evidence import Address, Inspector, ProcessTable
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, check_models
 
 POLL = 0.25
+LOOK = 1.0
 LEFT_PROBES_FILE = "left-probes.json"
 
 
@@ -112,6 +113,7 @@ class Checker:
         self.load = LoadReader(server, clock=clock)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
+        self.leak_since: float | None = None  # a single look may race a client's coming
 
     def start(self) -> Probe:
         """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
@@ -131,11 +133,16 @@ class Checker:
         own = [probe.local_address] if probe.local_address else []
         process = self.inspector.sample(pid, exclude=self.left.load() + own + self.load.own())
         load = self.load.read()
+        if leaked_requests(load, process) > 0:
+            self.leak_since = self.clock() if self.leak_since is None else self.leak_since
+        else:
+            self.leak_since = None
         if snap.done:
             self.probe = None
         if fresh_since is not None and snap.started_at < fresh_since:
             snap = replace(snap, started_at=fresh_since)
-        return Observation(snap, process, self.models, load)
+            self.leak_since = None
+        return Observation(snap, process, self.models, load, self.leak_since)
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:
         return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.clock())
@@ -173,12 +180,20 @@ def check_once(
     checker = Checker(server, left=left, inspector=inspector, clock=clock)
     checker.inspector.sample(pid)  # the first CPU reading only starts psutil's interval
     probe = checker.start()
+    looked = clock()
+    observation: Observation | None = None
     while True:
         snap = probe.snapshot()
         if snap.done or snap.waited(clock()) >= server.probe.wedge_after:
             break
+        if clock() - looked >= LOOK:  # as the daemon's ticks: what persists is not a race
+            observation, looked = checker.observe(pid), clock()
+            if checker.probe is None:
+                break  # the probe ended during this look: that look is the last
+            observation = None
         sleep(POLL)
-    observation = checker.observe(pid)
+    if observation is None:
+        observation = checker.observe(pid)
     verdict = judge(observation, server.probe, clock())
     assert verdict is not None, "a finished probe or one past wedge_after is always judged"
     checker.leave()

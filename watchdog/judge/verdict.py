@@ -26,6 +26,7 @@ class Observation:
     process: ProcessEvidence
     models: ModelsCheck | None = None
     load: LoadReport | None = None  # what the server says about itself (its profile's routes)
+    leak_since: float | None = None  # since when every look showed requests with no client
 
 
 @dataclass(frozen=True)
@@ -111,18 +112,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
             f"no token for {_s(waited)}{got} and the server's own health route answers "
             f"{load.health_status} ({load.health_body.strip()[:80] or 'no body'})"
         )
-    stalled = load.stalled(now) if load is not None and load.ok else None
-    if (
-        load is not None
-        and stalled is not None
-        and (load.queued or 0) > 0
-        and waited >= s.wedge_after
-        and stalled >= s.wedge_after
-    ):
-        return State.WEDGED, (
-            f"no token for {_s(waited)}{got}; {load.describe()}, and its progress counter "
-            f"has not moved for {_s(stalled)}"
-        )
+    stalled = load.stalled() if load is not None and load.ok else None
     if proc.abandoned is None or proc.live is None:
         why = proc.error or "its connections cannot be inspected"
         if load is not None and load.ok and load.queued and stalled is not None:
@@ -145,12 +135,13 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
 
     lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
-    leaked = (load.queued or 0) - (live + abandoned + 1) if load is not None and load.ok else 0
-    if leaked > 0 and not abandoned:
+    leaked = leaked_requests(load, proc)
+    held = now - obs.leak_since if obs.leak_since is not None else 0.0
+    if leaked > 0 and not abandoned and held >= s.slow_after:
         return State.WEDGED, (
             f"{lead}; {load.describe() if load else ''} but only {_clients(live)} and the "
             f"probe are connected: {leaked} request{'s' if leaked != 1 else ''} "
-            f"{'have' if leaked != 1 else 'has'} no client"
+            f"{'have' if leaked != 1 else 'has'} no client (for {_s(held)})"
         )
     if abandoned:
         oldest = proc.oldest_abandoned(now)
@@ -170,7 +161,11 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
             f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})",
         )
     cpu = f" (CPU {proc.cpu_percent:.0f}%)" if proc.cpu_percent is not None else ""
-    return State.BUSY, f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}"
+    said = f"; {load.describe()}" if load is not None and load.ok and load.queued else ""
+    still = f", its progress counter still for {_s(stalled)}" if said and stalled else ""
+    return State.BUSY, (
+        f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}{said}{still}"
+    )
 
 
 @dataclass(frozen=True)
@@ -252,9 +247,17 @@ def evidence(obs: Observation, now: float) -> Evidence:
         server_report=load.describe() if load else None,
         server_running=load.running if load else None,
         server_waiting=load.waiting if load else None,
-        server_progress_still_s=_r(load.stalled(now)) if load else None,
+        server_progress_still_s=_r(load.stalled()) if load else None,
         health_status=load.health_status if load else None,
     )
+
+
+def leaked_requests(load: LoadReport | None, proc: ProcessEvidence) -> int:
+    """Requests the server reports beyond its connected clients and the probe: work for
+    nobody, a slot leaked behind a closed socket. 0 when either side is unknown."""
+    if load is None or not load.ok or load.queued is None or proc.live is None:
+        return 0
+    return max(0, load.queued - (proc.live + (proc.abandoned or 0) + 1))
 
 
 def _loading(load: LoadReport) -> bool:

@@ -123,7 +123,8 @@ class LoadReport:
     waiting: int | None = None
     progress: float | None = None
     loaded: int | None = None
-    since: float | None = None
+    since: float | None = None  # the first answer that showed the progress counter's value
+    read_at: float | None = None  # when this answer came
     health_status: int | None = None
     health_body: str = ""
 
@@ -138,15 +139,18 @@ class LoadReport:
             return None
         return (self.running or 0) + (self.waiting or 0)
 
-    def moved_since(self, since: float | None) -> LoadReport:
-        return replace(self, since=since)
+    def moved_since(self, since: float | None, read_at: float) -> LoadReport:
+        return replace(self, since=since, read_at=read_at)
 
     def with_health(self, status: int | None, body: str) -> LoadReport:
         return replace(self, health_status=status, health_body=body)
 
-    def stalled(self, now: float) -> float | None:
-        """How long the progress counter has not moved, when there is one."""
-        return None if self.since is None or self.progress is None else now - self.since
+    def stalled(self) -> float | None:
+        """How long the progress counter has not moved, between answers that showed it (a
+        read that failed proves nothing either way)."""
+        if self.since is None or self.read_at is None or self.progress is None:
+            return None
+        return self.read_at - self.since
 
     def describe(self) -> str:
         if not self.ok:

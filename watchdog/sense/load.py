@@ -202,7 +202,6 @@ class LoadReader:
         return report.with_health(*health_answer)
 
     def _load(self, route: LoadRoute) -> LoadReport:
-        now = self.clock()
         try:
             status, body = self._fetch(route.path)
         except httpx.TimeoutException:
@@ -213,9 +212,10 @@ class LoadReader:
             return LoadReport(route.path, "error", f"cannot read api_key_file: {exc.strerror}")
         report = read_report(route, status, body)
         if report.progress is not None:
+            answered = self.clock()
             if report.progress != self._seen.value or self._seen.since is None:
-                self._seen = _Seen(report.progress, now)
-            report = report.moved_since(self._seen.since)
+                self._seen = _Seen(report.progress, answered)
+            report = report.moved_since(self._seen.since, answered)
         return report
 
     def _health(self, path: str) -> tuple[int | None, str]:
