@@ -136,12 +136,12 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
 
     lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
     leaked = leaked_requests(load, proc)
-    held = now - obs.leak_since if obs.leak_since is not None else 0.0
-    if leaked > 0 and not abandoned and held >= s.slow_after:
+    leak_for = now - obs.leak_since if obs.leak_since is not None else 0.0
+    if leaked > 0 and not abandoned and leak_for >= s.slow_after:
         return State.WEDGED, (
             f"{lead}; {load.describe() if load else ''} but only {_clients(live)} and the "
             f"probe are connected: {leaked} request{'s' if leaked != 1 else ''} "
-            f"{'have' if leaked != 1 else 'has'} no client (for {_s(held)})"
+            f"{'have' if leaked != 1 else 'has'} no client (for {_s(leak_for)})"
         )
     if abandoned:
         oldest = proc.oldest_abandoned(now)
