@@ -64,6 +64,24 @@ class Running:
             self.proc.stdout.close()
 
 
+def spawn(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> Running:
+    """A server process with its output in `log`, no stdin."""
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+        )
+    return Running(proc, f"http://127.0.0.1:{port}", port, log)
+
+
+def llama_argv(binary: Path, gguf: Path, port: int, *, metrics: bool = True) -> list[str]:
+    """llama-server on the tiny GGUF: one slot (serial, as a single-user Mac runs it)."""
+    return [
+        *(str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
+        *(["--metrics"] if metrics else []),
+        *("-np", "1", "-c", "16384"),
+    ]
+
+
 def server_argv(model: Path, port: int) -> list[str]:
     """The real mlx_lm.server on the tiny model, batched; add --draft-model for serial."""
     from mlx_watchdog.demo.run import server_command
@@ -154,12 +172,7 @@ def start_real_server(
             "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
-        cmd = [*server_argv(tiny_model, port), *extra]
-        with log.open("wb") as fh:
-            proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
-            )
-        server = Running(proc, f"http://127.0.0.1:{port}", port, log)
+        server = spawn([*server_argv(tiny_model, port), *extra], port, log, env)
         started.append(server)
         wait_until_serving(server)
         return server
@@ -609,33 +622,14 @@ StartLlama = Callable[..., Running]
 def start_llama(
     llama_binary: Path, tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StartLlama]:
-    """llama-server on the tiny GGUF: one slot (serial, as a single-user Mac runs it),
-    /metrics on. `wait=False` returns while it still loads."""
+    """llama-server on the tiny GGUF (`llama_argv`). `wait=False` returns while it loads."""
     started: list[Running] = []
 
     def start(*extra: str, wait: bool = True, metrics: bool = True) -> Running:
         port = free_port()
         log = tmp_path_factory.mktemp("llama-log") / "llama.log"
-        cmd = [
-            str(llama_binary),
-            "-m",
-            str(tiny_gguf),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            *(["--metrics"] if metrics else []),
-            "-np",
-            "1",
-            "-c",
-            "16384",
-            *extra,
-        ]
-        with log.open("wb") as fh:
-            proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        server = Running(proc, f"http://127.0.0.1:{port}", port, log)
+        cmd = [*llama_argv(llama_binary, tiny_gguf, port, metrics=metrics), *extra]
+        server = spawn(cmd, port, log)
         started.append(server)
         if wait:
             wait_until_serving(server)

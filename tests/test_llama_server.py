@@ -22,7 +22,7 @@ from mlx_watchdog.config import ProbeSettings, ServerConfig, parse_config
 from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.judge.check import check_once
 from mlx_watchdog.serve.daemon import Daemon
-from tests.conftest import DaemonThread, Running, StartLlama, free_port, until
+from tests.conftest import DaemonThread, Running, StartLlama, free_port, llama_argv, until
 
 pytestmark = pytest.mark.real_server
 
@@ -135,20 +135,7 @@ def test_the_daemon_runs_and_heals_a_real_llama_server(
                     "kind": "llama.cpp",
                     "url": f"http://127.0.0.1:{port}",
                     "manager": "process",
-                    "command": [
-                        str(llama_binary),
-                        "-m",
-                        str(tiny_gguf),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--metrics",
-                        "-np",
-                        "1",
-                        "-c",
-                        "16384",
-                    ],
+                    "command": llama_argv(llama_binary, tiny_gguf, port),
                     "log_file": str(tmp_path / "llama.log"),
                     "probe": {"slow_after": "2s", "wedge_after": "4s", "startup_grace": "10m"},
                     "restart": {"backoff": "1s"},
