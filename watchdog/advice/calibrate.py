@@ -195,10 +195,7 @@ def run_calibration(
     timeout: float = 1800.0,
     clock: Callable[[], float] = time.time,
 ) -> Calibration:
-    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
-    if not warm.prompt_tokens:
-        raise CalibrationError("the server reports no usage.prompt_tokens; cannot size prompts")
-    per_word = warm.prompt_tokens / WORDS_PROBE
+    per_word = tokens_per_word(server, timeout)
     points: list[Point] = []
     for size in sorted(sizes):
         words = max(1, int(size / per_word))
@@ -209,11 +206,19 @@ def run_calibration(
         points.append(point)
         say(f"  {point.prompt_tokens} tokens: first token after {point.prefill_s:.2f} s")
     say("decoding a longer answer ...")
-    decode_tps, decode_note = _decode(server, timeout)
+    decode_tps, decode_note = decode_rate(server, timeout)
     return Calibration(server.name, clock(), tuple(points), fit(points), decode_tps, decode_note)
 
 
-def _decode(server: ServerConfig, timeout: float) -> tuple[float | None, str | None]:
+def tokens_per_word(server: ServerConfig, timeout: float) -> float:
+    """How many tokens a filler word costs on this server, to size prompts in tokens."""
+    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
+    if not warm.prompt_tokens:
+        raise CalibrationError(f"{server.name} reports no usage.prompt_tokens; cannot size prompts")
+    return warm.prompt_tokens / WORDS_PROBE
+
+
+def decode_rate(server: ServerConfig, timeout: float) -> tuple[float | None, str | None]:
     """Tokens per second after the first, and why not when it cannot be told.
 
     The difference between a 1-token and a DECODE_TOKENS-token answer to prompts of the same

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlx_watchdog.advice.calibrate import WORDS_PROBE, CalibrationError, _decode, filler, measure
+from mlx_watchdog.advice.calibrate import (
+    CalibrationError,
+    decode_rate,
+    filler,
+    measure,
+    tokens_per_word,
+)
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.probe import ProbeSnapshot
 
@@ -76,18 +82,13 @@ def measure_side(
         _ttft(measure(server, filler(5, secrets.token_hex(8)), 1, timeout))
         for _ in range(TINY_RUNS)
     ]
-    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
-    if not warm.prompt_tokens:
-        raise CalibrationError(
-            f"{server.name} reports no usage.prompt_tokens; cannot size the prompt"
-        )
-    words = max(1, int(prompt_tokens / (warm.prompt_tokens / WORDS_PROBE)))
+    words = max(1, int(prompt_tokens / tokens_per_word(server, timeout)))
     text = filler(words, secrets.token_hex(8))
     say(f"{server.name}: prefilling about {prompt_tokens} tokens, then the same prompt again ...")
     first = measure(server, text, 1, timeout)
     again = measure(server, text, 1, timeout)
     say(f"{server.name}: decoding ...")
-    decode_tps, decode_note = _decode(server, timeout)
+    decode_tps, decode_note = decode_rate(server, timeout)
     streams, together = {}, {}
     for n in STREAMS:
         say(f"{server.name}: {n} stream{'s' if n > 1 else ''} at once ...")

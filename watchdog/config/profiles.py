@@ -51,7 +51,6 @@ class Profile:
     match: str  # a substring of the server's command line
     needs_model: bool = False  # the probe must name a model: the first of /v1/models if unset
     health: str | None = None
-    loading_status: int | None = None  # the health (and every route) answer while loading
     load: LoadRoute | None = None
     failure_modes: tuple[tuple[str, str], ...] = ()  # (what goes wrong, what avoids it)
 
@@ -83,7 +82,6 @@ PROFILES: dict[Kind, Profile] = {
             "llama.cpp llama-server",
             match="llama-server",
             health="/health",
-            loading_status=503,
             load=LoadRoute(
                 "/metrics",
                 "prometheus",

@@ -120,7 +120,6 @@ class Checker:
         if self.probe is None:
             self.probe = Probe(self.server, clock=self.clock).start()
             self.models = check_models(self.server, clock=self.clock)
-            self.load.read()  # the first reading: progress is "not moved since" from here
         return self.probe
 
     def observe(self, pid: int | None, *, fresh_since: float | None = None) -> Observation:

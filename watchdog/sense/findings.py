@@ -3,7 +3,7 @@ library (the verdict, `status` and the endpoint import this, not the probe)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -138,12 +138,6 @@ class LoadReport:
         if self.running is None and self.waiting is None:
             return None
         return (self.running or 0) + (self.waiting or 0)
-
-    def moved_since(self, since: float | None, read_at: float) -> LoadReport:
-        return replace(self, since=since, read_at=read_at)
-
-    def with_health(self, status: int | None, body: str) -> LoadReport:
-        return replace(self, health_status=status, health_body=body)
 
     def stalled(self) -> float | None:
         """How long the progress counter has not moved, between answers that showed it (a

@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -195,11 +195,13 @@ class LoadReader:
             assert health is not None
             status, text = health_answer
             finding = "ok" if status is not None else "error"
-            return LoadReport(health, finding, "" if status else text).with_health(status, text)
+            return LoadReport(
+                health, finding, "" if status else text, health_status=status, health_body=text
+            )
         report = self._load(route)
         if route.path == health:
             health_answer = (report.status, report.detail if report.status is None else "")
-        return report.with_health(*health_answer)
+        return replace(report, health_status=health_answer[0], health_body=health_answer[1])
 
     def _load(self, route: LoadRoute) -> LoadReport:
         try:
@@ -215,7 +217,7 @@ class LoadReader:
             answered = self.clock()
             if report.progress != self._seen.value or self._seen.since is None:
                 self._seen = _Seen(report.progress, answered)
-            report = report.moved_since(self._seen.since, answered)
+            report = replace(report, since=self._seen.since, read_at=answered)
         return report
 
     def _health(self, path: str) -> tuple[int | None, str]:

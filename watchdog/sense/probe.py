@@ -218,14 +218,11 @@ class Probe:
                 timeout=self.server.probe.models_timeout,
                 extensions={"trace": self._trace},  # the POST may reuse this connection
             )
-            entries = r.json().get("data") if r.status_code == 200 else None
+            ids = model_ids(r.json()) if r.status_code == 200 else None
         except httpx.ConnectError:
             raise
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (httpx.HTTPError, ValueError):
             return None
-        ids = [
-            e["id"] for e in entries or [] if isinstance(e, dict) and isinstance(e.get("id"), str)
-        ]
         return ids[0] if ids else None
 
     def _read(self, response: httpx.Response, hard: float) -> None:
@@ -472,15 +469,22 @@ def check_models(
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return done(status, "invalid_json", _excerpt(body))
-    entries = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
+    ids = model_ids(data)
+    if ids is None:
         return done(status, "invalid_json", 'no "data" list')
-    ids = tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
     if server.model and server.model not in ids:
         return done(
             status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids
         )
     return done(status, "ok", f"{len(ids)} models listed", ids)
+
+
+def model_ids(data: object) -> tuple[str, ...] | None:
+    """The ids a /v1/models answer lists; None when it has no "data" list."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return None
+    return tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
