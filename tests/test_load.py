@@ -178,7 +178,7 @@ def obs(
 
 def test_a_still_progress_counter_alone_never_restarts() -> None:
     """One prefill step can last minutes, and the counter moves once per step (measured on
-    the real llama-server: n_decode_total moved every 4-5 s through a 12k-token prompt, and
+    the real llama-server: n_decode_total moved every 1-5 s through a 12k-token prompt, and
     the daemon restarted a patient client's server when a still counter was decisive). It is
     shown in the reason, never a reason."""
     now = T0 + 95

@@ -31,8 +31,8 @@ class LoadRoute:
     dotted JSON paths (a number, a bool, or a list's length). `progress` is a counter that
     moves as the server computes (decode steps, engine steps). It is evidence to show, never
     a reason to restart: it moves once per step, and one prefill step can take minutes
-    (measured: llama-server's n_decode_total moved every 4-5 s through a 12k-token prompt on
-    the tests' tiny model, while its /metrics answered at once).
+    (measured by bench/llama_abandon.py: llama-server's n_decode_total moved every 1-5 s
+    through a 12k-token prompt on the tests' tiny model, while its /metrics answered at once).
     """
 
     path: str
