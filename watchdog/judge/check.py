@@ -155,8 +155,9 @@ class Checker:
         """The caller exits with the probe still waiting: remember it, do not close it. So
         too the report requests a stuck server has not answered (they stay in CLOSE_WAIT)."""
         keep = self.server.probe.hard_timeout
-        if self.probe is not None and self.probe.local_address:
-            self.left.add(self.probe.local_address, keep_for=keep)
+        probe = self.probe
+        if probe is not None and probe.local_address and not probe.snapshot().done:
+            self.left.add(probe.local_address, keep_for=keep)
         for address in self.load.unanswered():
             self.left.add(address, keep_for=keep)
 
