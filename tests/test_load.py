@@ -119,7 +119,12 @@ def test_a_bad_answer_is_a_finding_never_a_crash() -> None:
     assert stats is not None
     assert read_report(stats, 200, b"<html>").finding == "invalid"
     assert read_report(stats, 200, b'{"status": "ok"}').finding == "invalid"
-    assert json_value({"a": {"b": "text"}}, "a.b") is None
+    assert json_value({"a": {"b": "text"}}, "a.b") == "text"
+    assert json_value({"a": [1, 2]}, "a") == 2
+    assert json_value({"a": 1}, "a.b") is None
+    text = read_report(stats, 200, b'{"queue_stats": {"queue_stats": {"active_requests": "3"}}}')
+    assert text.finding == "invalid"
+    assert text.detail == "queue_stats.queue_stats.active_requests = str is not a count"
 
 
 def test_kind_sets_match_and_an_explicit_match_wins() -> None:

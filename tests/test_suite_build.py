@@ -42,9 +42,7 @@ def test_no_cmake_and_no_compiler_is_one_error_that_names_them(tmp_path: Path) -
 def test_leaving_the_llama_tests_out_needs_no_build(tmp_path: Path) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()
-    run = _pytest(
-        tmp_path, "tests/test_llama_server.py", "-m", "not llama_server", path=str(bare)
-    )
+    run = _pytest(tmp_path, "tests/test_llama_server.py", "-m", "not llama_server", path=str(bare))
     assert run.returncode == 5, run.stdout + run.stderr  # every test there was deselected
     assert "deselected" in run.stdout
 

@@ -326,7 +326,9 @@ class Healer:
             if left <= 0 or w.manager.exited() is not None:
                 return None
             probing = replace(server, probe=replace(server.probe, hard_timeout=left))
-            probe = Probe(probing, clock=self.monotonic).start()
+            # Its connections are the watchdog's own: a probe that times out on a server
+            # still starting must not count as a client that gave up.
+            probe = Probe(probing, clock=self.monotonic, on_connect=w.checker.connected).start()
             while not probe.wait(0.2):
                 if self.stopping():
                     probe.abort()
@@ -356,7 +358,7 @@ class Healer:
         settings = w.server.restart
         deadline = self.monotonic() + settings.drain_timeout
         while self.monotonic() < deadline and not self.stopping():
-            live = w.inspector.sample(w.manager.pid()).live
+            live = w.inspector.sample(w.manager.pid(), exclude=w.checker.own.addresses()).live
             if not live:
                 return
             self.system.sleep(1.0)

@@ -102,7 +102,9 @@ def run_drill(
     _abandon(server, text, give_up_after)
     gave_up = clock()
     settings = replace(server.probe, hard_timeout=max_wait, max_busy=max(max_wait, 1.0))
-    checker = Checker(replace(server, probe=settings), left=left, clock=clock)
+    checker = Checker(
+        replace(server, probe=settings), left=left, clock=clock, short_lived=left is not None
+    )
     checker.inspector.sample()
     tiny = checker.start()
     models_status = checker.models.status if checker.models else None

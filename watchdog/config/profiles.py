@@ -45,11 +45,28 @@ class LoadRoute:
 
 
 @dataclass(frozen=True)
+class InMemory:
+    """Where a server that loads models on demand lists the ones it holds now, so the probe
+    names one of those instead of making it load (or evict) another every interval.
+
+    `items`: the JSON key of the list; `name`: each entry's model name, or, with `instances`,
+    the name of each entry's first loaded instance (entries with none are not in memory).
+    """
+
+    path: str
+    items: str
+    name: str
+    instances: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     kind: Kind
     title: str
     match: str  # a substring of the server's command line
-    needs_model: bool = False  # the probe must name a model: the first of /v1/models if unset
+    needs_model: bool = False  # the probe must name a model: one in memory, else /v1/models' first
+    in_memory: InMemory | None = None
+    fans_out: bool = False  # a request with n > 1 reports as n running requests
     health: str | None = None
     load: LoadRoute | None = None
     failure_modes: tuple[tuple[str, str], ...] = ()  # (what goes wrong, what avoids it)
@@ -182,6 +199,7 @@ PROFILES: dict[Kind, Profile] = {
             "LM Studio",
             match="LM Studio",
             needs_model=True,
+            in_memory=InMemory("/api/v1/models", "models", "id", instances="loaded_instances"),
             failure_modes=(
                 (
                     "prompt processing runs to the end after the client aborts",
@@ -198,6 +216,7 @@ PROFILES: dict[Kind, Profile] = {
             "Ollama",
             match="ollama",
             needs_model=True,
+            in_memory=InMemory("/api/ps", "models", "model"),
             load=LoadRoute("/api/ps", "json", loaded="models"),
             failure_modes=(
                 (
@@ -217,6 +236,7 @@ PROFILES: dict[Kind, Profile] = {
             "vLLM",
             match="vllm",
             health="/health",
+            fans_out=True,
             load=LoadRoute(
                 "/metrics",
                 "prometheus",

@@ -6,18 +6,22 @@ through `Checker`, so what one honours (the watchdog's own leftover probes) all 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.config import ProbeSettings, ServerConfig, default_state_dir
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.sense.evidence import Address, Inspector, ProcessTable
 from mlx_watchdog.sense.load import LoadReader
-from mlx_watchdog.sense.probe import ModelsCheck, Probe, check_models
+from mlx_watchdog.sense.own import OwnConnections
+from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding, check_models
 
+UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
 LOOK = 1.0
 LEFT_PROBES_FILE = "left-probes.json"
@@ -42,52 +46,65 @@ def with_wedge_after(settings: ProbeSettings, seconds: float) -> ProbeSettings:
 
 
 class LeftProbes:
-    """Client addresses of probes a short-lived `mlx-watchdog probe` left waiting at exit.
+    """Client addresses of the watchdog's own requests that a short-lived command (`probe`,
+    `drill`, `calibrate`) may leave on the server when it exits.
 
     When such a process exits, its probe's socket turns CLOSE_WAIT on the server: abandoned,
-    but a one-token request, not a client's prompt. Remembering the addresses keeps every
-    later check, the daemon's included, from counting the watchdog's own leftovers as
-    abandoned work. Entries expire on the wall clock: they outlive the process that wrote them.
+    but a one-token request, not a client's prompt. Each address is written as soon as it
+    connects, to the state folder's record and to the user's default one, and every check
+    reads both: so a person's `probe` with another config or state folder leaves no trace the
+    daemon takes for a departed client, nor for a live one while it runs. Entries expire on the
+    wall clock: they outlive the process that wrote them.
     """
 
-    def __init__(self, path: Path | None, clock: Callable[[], float] = time.time) -> None:
-        self.path = path
+    def __init__(
+        self, paths: Path | list[Path] | None, clock: Callable[[], float] = time.time
+    ) -> None:
+        given = [] if paths is None else [paths] if isinstance(paths, Path) else paths
+        self.paths = list(dict.fromkeys(given))
         self.clock = clock
         self._lock = threading.Lock()
 
     def load(self) -> list[Address]:
-        return [(ip, port) for ip, port, _ in self._entries()]
+        found = ((ip, port) for path in self.paths for ip, port, _ in self._entries(path))
+        return list(dict.fromkeys(found))
 
     def add(self, address: Address, keep_for: float) -> None:
-        if self.path is None:
-            return
+        until = self.clock() + keep_for
+        key = (address[0], int(address[1]))
         with self._lock:
-            self._write([*self._entries(), (address[0], address[1], self.clock() + keep_for)])
+            for path in self.paths:
+                kept = [e for e in self._entries(path) if (e[0], e[1]) != key]
+                self._write(path, [*kept, (*key, until)])
 
-    def _write(self, entries: list[tuple[str, int, float]]) -> None:
-        assert self.path is not None
+    def _write(self, path: Path, entries: list[tuple[str, int, float]]) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(entries))
-            tmp.replace(self.path)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # A fresh file of our own (O_EXCL, 0600), renamed over the record: a planted
+            # symlink is replaced, never written through.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".left-probes-")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(entries))
+            os.replace(tmp, path)
         except OSError:
             pass  # losing this only makes a later check count one tiny request as abandoned
 
-    def _entries(self) -> list[tuple[str, int, float]]:
-        if self.path is None:
-            return []
+    def _entries(self, path: Path) -> list[tuple[str, int, float]]:
         try:
-            raw = json.loads(self.path.read_text())
+            raw = json.loads(path.read_text(encoding="utf-8"))
             now = self.clock()
-            return [(str(ip), int(port), float(until)) for ip, port, until in raw if until > now]
-        except (OSError, ValueError, TypeError):
+            return [
+                (str(ip), int(port), float(until))
+                for ip, port, until in raw[:1000]
+                if float(until) > now
+            ]
+        except (OSError, ValueError, TypeError, RecursionError):
             return []
 
 
 def left_probes(state_dir: Path) -> LeftProbes:
-    """The leftover-probe record every check of this watchdog's servers reads."""
-    return LeftProbes(state_dir / LEFT_PROBES_FILE)
+    """The leftover-probe records every check of this watchdog's servers reads and writes."""
+    return LeftProbes([state_dir / LEFT_PROBES_FILE, default_state_dir() / LEFT_PROBES_FILE])
 
 
 class Checker:
@@ -105,12 +122,15 @@ class Checker:
         inspector: Inspector | None = None,
         clock: Callable[[], float] = time.time,
         wall: Callable[[], float] = time.time,
+        short_lived: bool = False,
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
         self.clock = clock
+        self.short_lived = short_lived  # announce each connection: the process may exit first
         self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
-        self.load = LoadReader(server, clock=clock)
+        self.own = OwnConnections(server.probe.hard_timeout, clock)
+        self.load = LoadReader(server, clock=clock, own=self.own)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
@@ -118,9 +138,24 @@ class Checker:
     def start(self) -> Probe:
         """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
         if self.probe is None:
-            self.probe = Probe(self.server, clock=self.clock).start()
-            self.models = check_models(self.server, clock=self.clock)
+            self.probe = Probe(self.server, clock=self.clock, on_connect=self.connected).start()
+            used: list[tuple[str, int]] = []
+
+            def note(address: tuple[str, int]) -> None:
+                used.append(address)
+                self.connected(address)
+
+            self.models = check_models(self.server, clock=self.clock, on_connect=note)
+            if self.models.status is not None:  # answered: the server closes its end
+                for address in used:
+                    self.own.answered(address)
         return self.probe
+
+    def connected(self, address: tuple[str, int]) -> None:
+        """One of this watchdog's connections to the server: never a client."""
+        self.own.connected(address)
+        if self.short_lived:
+            self.left.add(address, keep_for=self.server.probe.hard_timeout)
 
     def observe(self, pid: int | None, *, fresh_since: float | None = None) -> Observation:
         """What the probe, /v1/models and the process show now. A finished probe ends the round.
@@ -129,8 +164,9 @@ class Checker:
         """
         probe = self.start()
         snap = probe.snapshot()
-        own = [probe.local_address] if probe.local_address else []
-        process = self.inspector.sample(pid, exclude=self.left.load() + own + self.load.own())
+        if snap.done and probe.local_address and snap.finding not in UNANSWERED:
+            self.own.answered(probe.local_address)
+        process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
         load = self.load.read()
         if leaked_requests(load, process) > 0:
             self.leak_since = self.clock() if self.leak_since is None else self.leak_since
@@ -154,12 +190,8 @@ class Checker:
     def leave(self) -> None:
         """The caller exits with the probe still waiting: remember it, do not close it. So
         too the report requests a stuck server has not answered (they stay in CLOSE_WAIT)."""
-        keep = self.server.probe.hard_timeout
-        probe = self.probe
-        if probe is not None and probe.local_address and not probe.snapshot().done:
-            self.left.add(probe.local_address, keep_for=keep)
-        for address in self.load.unanswered():
-            self.left.add(address, keep_for=keep)
+        for address in self.own.unanswered():
+            self.left.add(address, keep_for=self.server.probe.hard_timeout)
 
 
 def check_once(
@@ -177,7 +209,9 @@ def check_once(
     would add one more abandoned request to a server that has too many. `left` records it for
     a caller that exits before the probe ends.
     """
-    checker = Checker(server, left=left, inspector=inspector, clock=clock)
+    checker = Checker(
+        server, left=left, inspector=inspector, clock=clock, short_lived=left is not None
+    )
     checker.inspector.sample(pid)  # the first CPU reading only starts psutil's interval
     probe = checker.start()
     looked = clock()

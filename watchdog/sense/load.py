@@ -7,24 +7,22 @@ shows no abandoned connection, yet reports work that does not move.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import httpx
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import LoadRoute
+from mlx_watchdog.sense.bounded import BadJson, TooLarge, finite_count, get, load_json
 from mlx_watchdog.sense.findings import LoadReport
+from mlx_watchdog.sense.own import Address, OwnConnections
 from mlx_watchdog.sense.probe import auth_headers, tls
 
 MAX_REPORT = 1 << 20
 REPORT_TIMEOUT = 5.0
-ANSWERED_GRACE = 10.0  # an answered request's socket may linger a moment on the server
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -55,29 +53,52 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         if math.isnan(value):
             continue
-        sums[name] = sums.get(name, 0.0) + value
+        sums[name] = (
+            sums.get(name, 0.0) + value
+        )  # +Inf or an overflow stays inf: read_report names it
     return sums
 
 
-def json_value(doc: object, path: str) -> float | None:
-    """A dotted path into a JSON document: a number, a bool (1/0) or a list's length."""
+COUNT_LIMIT = 1e9  # requests or models: more is not a count
+PROGRESS_LIMIT = 1e18  # a counter of steps or tokens over a long uptime
+
+
+class BadValue(ValueError):
+    """A metric or field that is there but cannot be a count."""
+
+
+def json_value(doc: object, path: str) -> object:
+    """A dotted path into a JSON document: the value there (a list counts by its length),
+    or None when the path is not there."""
     node: object = doc
     for key in path.split("."):
         if not isinstance(node, Mapping) or key not in node:
             return None
         node = node[key]
-    if isinstance(node, bool):
-        return 1.0 if node else 0.0
-    if isinstance(node, (int, float)):
-        return float(node)
     if isinstance(node, list):
-        return float(len(node))
-    return None
+        return len(node)
+    return node
 
 
-def _total(values: Iterable[float | None]) -> int | None:
+def _count(name: str, value: object, limit: float) -> float | None:
+    """None when absent; BadValue when present and not a finite count within `limit`."""
+    if value is None:
+        return None
+    number = finite_count(value, limit)
+    if number is None:
+        shown = repr(value) if isinstance(value, (int, float, bool)) else type(value).__name__
+        raise BadValue(f"{name} = {shown[:40]} is not a count")
+    return number
+
+
+def _total(values: Iterable[float | None], limit: float = COUNT_LIMIT) -> float | None:
     found = [v for v in values if v is not None]
-    return int(sum(found)) if found else None
+    if not found:
+        return None
+    total = sum(found)
+    if not math.isfinite(total) or total > limit:
+        raise BadValue(f"their sum {total:g} is not a count")
+    return total
 
 
 def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
@@ -89,27 +110,31 @@ def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
     if route.format == "prometheus":
         sums = parse_prometheus(text)
 
-        def get(name: str) -> float | None:
+        def get(name: str) -> object:
             return sums.get(name)
 
         if not sums:
             return LoadReport(route.path, "invalid", "no metric samples", status=status)
     else:
         try:
-            doc = json.loads(text)
-        except ValueError:
-            return LoadReport(route.path, "invalid", "not JSON", status=status)
+            doc = load_json(body)
+        except BadJson as exc:
+            return LoadReport(
+                route.path, "invalid", f"not JSON the watchdog reads: {exc}", status=status
+            )
 
-        def get(name: str) -> float | None:
+        def get(name: str) -> object:
             return json_value(doc, name)
 
-    running = _total(get(n) for n in route.running)
-    waiting = _total(get(n) for n in route.waiting)
-    progress_values = [get(n) for n in route.progress]
-    progress = sum(v for v in progress_values if v is not None) if route.progress else None
-    if route.progress and all(v is None for v in progress_values):
-        progress = None
-    loaded = _total([get(route.loaded)]) if route.loaded else None
+    try:
+        running = _total(_count(n, get(n), COUNT_LIMIT) for n in route.running)
+        waiting = _total(_count(n, get(n), COUNT_LIMIT) for n in route.waiting)
+        progress = _total(
+            (_count(n, get(n), PROGRESS_LIMIT) for n in route.progress), PROGRESS_LIMIT
+        )
+        loaded = _count(route.loaded, get(route.loaded), COUNT_LIMIT) if route.loaded else None
+    except BadValue as exc:
+        return LoadReport(route.path, "invalid", str(exc), status=status)
     wanted = bool(route.running or route.waiting or route.progress or route.loaded)
     if wanted and running is None and waiting is None and progress is None and loaded is None:
         names = ", ".join((*route.running, *route.waiting, *route.progress, route.loaded))
@@ -119,14 +144,11 @@ def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
         "ok",
         "",
         status=status,
-        running=running,
-        waiting=waiting,
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
         progress=progress,
-        loaded=loaded,
+        loaded=None if loaded is None else int(loaded),
     )
-
-
-Address = tuple[str, int]
 
 
 @dataclass
@@ -147,39 +169,26 @@ class LoadReader:
         *,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
+        own: OwnConnections | None = None,
     ) -> None:
         self.server = server
         self.clock = clock
         self.transport = transport
         self._seen = _Seen()
-        self._own: dict[Address, float] = {}  # this reader's connections, until when to skip
-        self._answered: set[Address] = set()
-
-    def own(self) -> list[Address]:
-        """The client addresses of this reader's own requests: a report request the server has
-        not closed yet is the watchdog's, never a client's abandoned work."""
-        now = self.clock()
-        self._own = {a: until for a, until in self._own.items() if until > now}
-        self._answered &= set(self._own)
-        return list(self._own)
-
-    def unanswered(self) -> list[Address]:
-        """Own requests the server has not answered: a caller that exits leaves them behind."""
-        return [a for a in self.own() if a not in self._answered]
+        self.own = own or OwnConnections(server.probe.hard_timeout, clock)
 
     def _fetch(self, path: str) -> tuple[int, bytes]:
-        """GET `path`, its connection remembered as the watchdog's own: until the hard timeout
+        """GET `path`, its connection kept as the watchdog's own: until the hard timeout
         while unanswered (the server may hold it in CLOSE_WAIT), briefly once answered."""
         used: list[Address] = []
 
         def note(address: Address) -> None:
             used.append(address)
-            self._own[address] = self.clock() + self.server.probe.hard_timeout
+            self.own.connected(address)
 
         answer = fetch(self.server, path, self._timeout, self.transport, on_connect=note)
         for address in used:
-            self._own[address] = self.clock() + ANSWERED_GRACE
-            self._answered.add(address)
+            self.own.answered(address)
         return answer
 
     def read(self) -> LoadReport | None:
@@ -206,8 +215,10 @@ class LoadReader:
     def _load(self, route: LoadRoute) -> LoadReport:
         try:
             status, body = self._fetch(route.path)
+        except TooLarge:
+            return LoadReport(route.path, "too_large", f"more than {MAX_REPORT} bytes")
         except httpx.TimeoutException:
-            return LoadReport(route.path, "timeout", f"no answer within {self._timeout:g}s")
+            return LoadReport(route.path, "timeout", f"no whole answer within {self._timeout:g}s")
         except httpx.HTTPError as exc:
             return LoadReport(route.path, "error", f"{type(exc).__name__}: {exc}")
         except OSError as exc:
@@ -243,25 +254,13 @@ def fetch(
     transport: httpx.BaseTransport | None = None,
     on_connect: Callable[[Address], None] | None = None,
 ) -> tuple[int, bytes]:
-    headers: dict[str, Any] = auth_headers(server)
-
-    def trace(event: str, info: dict[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete" and on_connect is not None:
-            stream = info.get("return_value")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    on_connect(sock.getsockname()[:2])
-
-    with (
-        httpx.Client(timeout=timeout, transport=transport, verify=tls()) as client,
-        client.stream(
-            "GET", server.url + path, headers=headers, extensions={"trace": trace}
-        ) as response,
-    ):
-        body = b""
-        for chunk in response.iter_raw():
-            body += chunk
-            if len(body) > MAX_REPORT:
-                break
-        return response.status_code, body
+    """GET `path` within `timeout` in all and MAX_REPORT bytes (TooLarge, Overdue otherwise)."""
+    return get(
+        server.url + path,
+        headers=auth_headers(server),
+        deadline=timeout,
+        cap=MAX_REPORT,
+        transport=transport,
+        verify=tls(),
+        on_connect=on_connect,
+    )

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.config.profiles import InMemory
+from mlx_watchdog.sense.bounded import BadJson, Cutoff, TooLarge, get, load_json, read_capped
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
@@ -86,15 +88,18 @@ class Probe:
         *,
         clock: Clock = time.time,
         transport: httpx.BaseTransport | None = None,
+        on_connect: Callable[[tuple[str, int]], None] | None = None,
     ) -> None:
         self.server = server
         self._clock = clock
+        self._on_connect = on_connect
         self._transport = transport
         self._lock = threading.Lock()
         self._snap = ProbeSnapshot(started_at=clock())
         self._sock: socket.socket | None = None
         self.local_address: tuple[str, int] | None = None  # excluded from the live clients
         self._aborted = False
+        self._cutoff = Cutoff(server.probe.hard_timeout)
         self._thread = threading.Thread(target=self._run, name=f"probe-{server.name}", daemon=True)
 
     def start(self) -> Probe:
@@ -143,13 +148,33 @@ class Probe:
             sock = stream.get_extra_info("socket") if stream is not None else None
             if sock is not None:
                 self._sock = sock
+                self._cutoff.watch(sock)
                 with contextlib.suppress(OSError):
                     self.local_address = sock.getsockname()[:2]
+                if self.local_address is not None and self._on_connect is not None:
+                    self._on_connect(self.local_address)
             self._set(connected_at=self._clock())
         elif event == "http11.receive_response_headers.complete":
             self._set(headers_at=self._clock())
 
     def _run(self) -> None:
+        with self._cutoff:
+            self._exchange()
+        if self._cutoff.fired:
+            self._overdue()
+
+    def _overdue(self) -> None:
+        """The hard timeout passed, in all: what came by then is the finding."""
+        hard = self.server.probe.hard_timeout
+        snap = self.snapshot()
+        if snap.tokens:
+            self._finish(OK, f"served a token; the answer did not end in {hard:g}s")
+        elif snap.bytes:
+            self._finish(ProbeFinding.TRICKLE, f"{snap.bytes} bytes and no token in {hard:g}s")
+        else:
+            self._finish(ProbeFinding.NO_RESPONSE, f"no byte within the hard timeout of {hard:g}s")
+
+    def _exchange(self) -> None:
         hard = self.server.probe.hard_timeout
         timeout = httpx.Timeout(connect=min(CONNECT_TIMEOUT, hard), read=hard, write=30.0, pool=5.0)
         headers = {"Accept": "text/event-stream"}
@@ -162,35 +187,41 @@ class Probe:
             with httpx.Client(timeout=timeout, transport=self._transport, verify=tls()) as client:
                 server = self.server
                 if server.profile.needs_model and not server.model:
-                    model = self._first_model(client, headers)
+                    model = self._model_to_probe(client, headers)
                     if model is None:
                         self._finish(
                             ProbeFinding.NO_MODEL,
-                            f"{server.profile.title} needs a model named and /v1/models lists none",
+                            f"{server.profile.title} needs a model named and lists none",
                         )
                         return
                     server = replace(server, model=model)
                 self._post(client, server, headers, hard)
-        except httpx.ConnectError as exc:
+        except httpx.HTTPError as exc:
+            if self._cutoff.fired and not self._aborted:
+                return  # _run judges what came by the deadline
+            self._failed(exc, hard)
+
+    def _failed(self, exc: httpx.HTTPError, hard: float) -> None:
+        if isinstance(exc, httpx.ConnectError):
             refused = _refused(exc)
             self._finish(ProbeFinding.REFUSED if refused else ProbeFinding.CONNECT_ERROR, str(exc))
-        except httpx.ConnectTimeout:
+        elif isinstance(exc, httpx.ConnectTimeout):
             self._finish(ProbeFinding.CONNECT_TIMEOUT, f"no connection within {CONNECT_TIMEOUT:g}s")
-        except httpx.ReadTimeout:
+        elif isinstance(exc, httpx.ReadTimeout):
             if self.snapshot().bytes == 0:
                 self._finish(
                     ProbeFinding.NO_RESPONSE, f"no byte within the hard timeout of {hard:g}s"
                 )
             else:
                 self._finish(ProbeFinding.TRICKLE, f"stalled after {self.snapshot().bytes} bytes")
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        elif isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
             if self._aborted:
                 self._finish(ProbeFinding.ABORTED, "the watchdog closed the probe")
             elif self.snapshot().tokens > 0:
                 self._finish(OK, f"served a token, then: {exc}")
             else:
                 self._finish(ProbeFinding.RESET, str(exc) or type(exc).__name__)
-        except httpx.HTTPError as exc:
+        else:
             self._finish(ProbeFinding.CONNECT_ERROR, f"{type(exc).__name__}: {exc}")
 
     def _post(
@@ -208,22 +239,44 @@ class Probe:
                 self._set(headers_at=self._clock())
             self._read(response, hard)
 
-    def _first_model(self, client: httpx.Client, headers: dict[str, str]) -> str | None:
-        """The first model /v1/models lists, for servers that need one named (Ollama, LM
-        Studio). A connection error propagates: it is the probe's finding too."""
-        try:
-            r = client.get(
-                self.server.url + "/v1/models",
-                headers=headers,
-                timeout=self.server.probe.models_timeout,
-                extensions={"trace": self._trace},  # the POST may reuse this connection
-            )
-            ids = model_ids(r.json()) if r.status_code == 200 else None
-        except httpx.ConnectError:
-            raise
-        except (httpx.HTTPError, ValueError):
-            return None
+    def _model_to_probe(self, client: httpx.Client, headers: dict[str, str]) -> str | None:
+        """For servers that need a model named (Ollama, LM Studio): one they hold in memory,
+        else the first /v1/models lists (which they load). A connection error propagates: it
+        is the probe's finding too."""
+        memory = self.server.profile.in_memory
+        if memory is not None:
+            held = self._list(client, headers, memory.path)
+            names = in_memory(held, memory) if held is not None else ()
+            if names:
+                return names[0]
+        ids = model_ids(self._list(client, headers, "/v1/models"))
         return ids[0] if ids else None
+
+    def _list(self, client: httpx.Client, headers: dict[str, str], path: str) -> object:
+        """One JSON document, under the models check's deadline and size cap; None if bad."""
+        seconds = self.server.probe.models_timeout
+        with Cutoff(seconds) as cutoff:
+
+            def trace(event: str, info: dict[str, Any]) -> None:
+                cutoff.trace()(event, info)
+                self._trace(event, info)  # the POST may reuse this connection
+
+            try:
+                with client.stream(
+                    "GET",
+                    self.server.url + path,
+                    headers=headers,
+                    timeout=seconds,
+                    extensions={"trace": trace},
+                ) as response:
+                    body = read_capped(response, MAX_BODY, cutoff)
+                    if response.status_code != 200:
+                        return None
+                return load_json(body)
+            except httpx.ConnectError:
+                raise
+            except (httpx.HTTPError, BadJson):
+                return None
 
     def _read(self, response: httpx.Response, hard: float) -> None:
         ctype = response.headers.get("content-type", "").lower()
@@ -268,9 +321,9 @@ class Probe:
         if body.lstrip()[:1] == b"<":
             return ProbeFinding.HTML_ERROR, "200 with an HTML page"
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return ProbeFinding.INVALID_JSON, _excerpt(body)
+            data = load_json(body)
+        except BadJson as exc:
+            return ProbeFinding.INVALID_JSON, f"{exc}: {_excerpt(body)}"
         if not isinstance(data, dict):
             return ProbeFinding.INVALID_JSON, _excerpt(body)
         if "error" in data:
@@ -357,8 +410,8 @@ class Probe:
                 self._finish(OK)
             return "done"
         try:
-            event = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
+            event = load_json(payload)
+        except BadJson:
             self._finish(ProbeFinding.INVALID_JSON, _excerpt(payload))
             return "done"
         if not isinstance(event, dict):
@@ -406,8 +459,8 @@ def classify_error(status: int, ctype: str, body: bytes | None) -> tuple[ProbeFi
     if "text/html" in ctype or body.lstrip()[:1] == b"<":
         return ProbeFinding.HTML_ERROR, f"HTTP {status} with an HTML page"
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = load_json(body)
+    except BadJson:
         return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(body)}"
     if isinstance(data, dict) and "error" in data:
         err = data["error"]
@@ -426,8 +479,13 @@ def check_models(
     *,
     clock: Clock = time.time,
     transport: httpx.BaseTransport | None = None,
+    on_connect: Callable[[tuple[str, int]], None] | None = None,
 ) -> ModelsCheck:
+    """GET /v1/models under `models_timeout` in all and a 1 MiB cap. `on_connect` learns the
+    connection's client address: the server may hold it after a timeout, and it is the
+    watchdog's own, never a client's."""
     start = clock()
+    seconds = server.probe.models_timeout
 
     def done(
         status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()
@@ -439,22 +497,21 @@ def check_models(
     except OSError as exc:
         return done(None, "error", f"cannot read api_key_file: {exc.strerror}")
     try:
-        with (
-            httpx.Client(
-                timeout=server.probe.models_timeout, transport=transport, verify=tls()
-            ) as client,
-            client.stream("GET", server.url + "/v1/models", headers=headers) as response,
-        ):
-            body = b""
-            for chunk in response.iter_raw():
-                body += chunk
-                if len(body) > MAX_BODY:
-                    return done(response.status_code, "http_error", "body over 1 MiB")
-            status = response.status_code
+        status, body = get(
+            server.url + "/v1/models",
+            headers=headers,
+            deadline=seconds,
+            cap=MAX_BODY,
+            transport=transport,
+            verify=tls(),
+            on_connect=on_connect,
+        )
     except httpx.ConnectError as exc:
         return done(None, "refused" if _refused(exc) else "error", str(exc))
+    except TooLarge:
+        return done(None, "too_large", "body over 1 MiB")
     except httpx.TimeoutException:
-        return done(None, "timeout", f"no answer within {server.probe.models_timeout:g}s")
+        return done(None, "timeout", f"no whole answer within {seconds:g}s")
     except httpx.HTTPError as exc:
         return done(None, "error", f"{type(exc).__name__}: {exc}")
     if status != 200:
@@ -466,9 +523,9 @@ def check_models(
             "200 with an empty body (a missing Hugging Face cache folder does this)",
         )
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return done(status, "invalid_json", _excerpt(body))
+        data = load_json(body)
+    except BadJson as exc:
+        return done(status, "invalid_json", f"{exc}: {_excerpt(body, 60)}")
     ids = model_ids(data)
     if ids is None:
         return done(status, "invalid_json", 'no "data" list')
@@ -477,6 +534,24 @@ def check_models(
             status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids
         )
     return done(status, "ok", f"{len(ids)} models listed", ids)
+
+
+def in_memory(doc: object, memory: InMemory) -> tuple[str, ...]:
+    """The model names a server's in-memory list (`InMemory`) holds, in its order."""
+    entries = doc.get(memory.items) if isinstance(doc, dict) else None
+    names: list[str] = []
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        if memory.instances:
+            loaded = entry.get(memory.instances)
+            entry = loaded[0] if isinstance(loaded, list) and loaded else None
+            if not isinstance(entry, dict):
+                continue
+        name = entry.get(memory.name)
+        if isinstance(name, str) and name:
+            names.append(name)
+    return tuple(names)
 
 
 def model_ids(data: object) -> tuple[str, ...] | None:

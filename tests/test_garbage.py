@@ -1,0 +1,198 @@
+"""Every parser of an answer from outside, fed garbage (hypothesis): a named finding, never an
+exception. The answers go through the real httpx client over a mock transport, so what is
+tested is the code path the daemon runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.config.profiles import KINDS, PROFILES
+from mlx_watchdog.sense.bounded import MAX_DEPTH, BadJson, finite_count, load_json
+from mlx_watchdog.sense.findings import ProbeFinding
+from mlx_watchdog.sense.load import LoadReader, parse_prometheus, read_report
+from mlx_watchdog.sense.probe import Probe, check_models
+
+PROBE = ProbeSettings(slow_after=0.5, wedge_after=1.0, hard_timeout=5.0, models_timeout=2.0)
+MODELS_FINDINGS = {"ok", "http_error", "empty_body", "invalid_json", "not_listed", "too_large"}
+REPORT_FINDINGS = {"ok", "http_error", "invalid", "timeout", "error", "too_large"}
+
+HOSTILE_JSON = [
+    b"Infinity",
+    b"NaN",
+    b"-Infinity",
+    b"1e400",
+    b'{"active_requests": 1e400}',
+    b'{"active_requests": Infinity}',
+    b'{"active_requests": NaN}',
+    b'{"active_requests": -3}',
+    b'{"active_requests": ' + b"9" * 400 + b"}",
+    b"[" * 500_000,
+    b"[" * 500_000 + b"]" * 500_000,
+    b'{"a":' * 100 + b"1" + b"}" * 100,
+    b"\xff\xfe{}",
+    b'{"data": "' + b"\\" * 11 + b'"}',
+]
+HOSTILE_PROMETHEUS = [
+    b"llamacpp:requests_processing +Inf\n",
+    b"llamacpp:requests_processing -Inf\n",
+    b"llamacpp:requests_processing NaN\n",
+    b"llamacpp:requests_processing -1\n",
+    b"llamacpp:requests_processing 1e308\n" * 3,
+    b"llamacpp:n_decode_total 1e308\nllamacpp:n_decode_total 1e308\n",
+    b'llamacpp:requests_processing{a="}"} 1\n',
+    b"llamacpp:requests_processing 1e9999\n",
+]
+
+
+def server(kind: str = "mlx_lm", **probe: float) -> ServerConfig:
+    return ServerConfig(
+        name="g",
+        url="http://127.0.0.1:9",
+        kind=kind,  # type: ignore[arg-type]
+        match=PROFILES[kind].match,  # type: ignore[index]
+        probe=replace(PROBE, **probe),
+    )
+
+
+def answering(
+    body: bytes, status: int = 200, ctype: str = "application/json"
+) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, stream=httpx.ByteStream(body), headers={"content-type": ctype})
+
+    return httpx.MockTransport(handler)
+
+
+def test_load_json_refuses_what_python_would_accept_or_crash_on() -> None:
+    for body in HOSTILE_JSON[:4] + [b"[" * 500_000, b"\xff\xfe{}"]:
+        with pytest.raises(BadJson):
+            load_json(body)
+    assert load_json(b'{"a": [1, 2.5, "x"]}') == {"a": [1, 2.5, "x"]}
+    nested = b'{"a":' * MAX_DEPTH + b"1" + b"}" * MAX_DEPTH
+    assert load_json(nested) is not None
+    with pytest.raises(BadJson, match="nested deeper"):
+        load_json(b'{"a":' * (MAX_DEPTH + 1) + b"1" + b"}" * (MAX_DEPTH + 1))
+    assert load_json(b'["[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["]')
+    assert finite_count(10**400) is None and finite_count(float("inf")) is None
+    assert finite_count(-1) is None and finite_count(True) == 1.0 and finite_count(3) == 3.0
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if PROFILES[k].load is not None])
+def test_each_kind_names_a_hostile_report(kind: str) -> None:
+    route = PROFILES[kind].load
+    assert route is not None
+    bodies = HOSTILE_PROMETHEUS if route.format == "prometheus" else HOSTILE_JSON
+    for body in bodies:
+        report = read_report(route, 200, body)
+        assert report.finding in REPORT_FINDINGS, (body[:40], report)
+        for value in (report.running, report.waiting, report.loaded):
+            assert value is None or 0 <= value <= 1e9
+
+
+def test_prometheus_infinities_are_invalid_not_a_crash() -> None:
+    route = PROFILES["llama.cpp"].load
+    assert route is not None
+    assert parse_prometheus("x +Inf\n") == {"x": float("inf")}
+    inf = read_report(route, 200, b"llamacpp:requests_processing +Inf\n")
+    assert (inf.finding, inf.detail) == (
+        "invalid",
+        "llamacpp:requests_processing = inf is not a count",
+    )
+    summed = read_report(route, 200, b"llamacpp:requests_processing 1e308\n" * 3)
+    assert summed.finding == "invalid" and "not a count" in summed.detail
+    negative = read_report(route, 200, b"llamacpp:requests_processing -1\n")
+    assert negative.finding == "invalid" and "-1.0" in negative.detail
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.binary(max_size=2000), kind=st.sampled_from([k for k in KINDS if PROFILES[k].load]))
+def test_any_report_body_is_a_finding(body: bytes, kind: str) -> None:
+    route = PROFILES[kind].load
+    assert route is not None
+    report = read_report(route, 200, body)
+    assert report.finding in REPORT_FINDINGS
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=json_values, kind=st.sampled_from(["vllm-mlx", "mlx-openai-server", "ollama"]))
+def test_any_json_report_is_a_finding_with_sane_counts(doc: object, kind: str) -> None:
+    route = PROFILES[kind].load  # type: ignore[index]
+    assert route is not None
+    body = json.dumps(doc, allow_nan=True).encode()
+    wrapped = json.dumps(
+        {
+            "queue_stats": {"queue_stats": {"active_requests": doc}},
+            "active_requests": doc,
+            "models": doc,
+        },
+        allow_nan=True,
+    ).encode()
+    for b in (body, wrapped):
+        report = read_report(route, 200, b)
+        assert report.finding in REPORT_FINDINGS
+        assert report.running is None or 0 <= report.running <= 1e9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=st.binary(max_size=3000) | st.sampled_from(HOSTILE_JSON),
+    status=st.sampled_from([200, 404, 500]),
+)
+def test_any_models_answer_is_a_finding(body: bytes, status: int) -> None:
+    check = check_models(server(), transport=answering(body, status))
+    assert check.finding in MODELS_FINDINGS
+
+
+def _sse(parts: list[bytes]) -> bytes:
+    return b"".join(b"data: " + p + b"\n\n" for p in parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=st.binary(max_size=3000)
+    | st.lists(
+        st.sampled_from(HOSTILE_JSON[:9] + [b"{}", b"[DONE]", b'{"choices": [1]}']), max_size=4
+    ).map(_sse)
+    | st.sampled_from(HOSTILE_JSON),
+    ctype=st.sampled_from(["text/event-stream", "application/json", "text/html", ""]),
+    status=st.sampled_from([200, 401, 500, 503]),
+)
+def test_any_generation_answer_is_a_finding(body: bytes, ctype: str, status: int) -> None:
+    snap = Probe(server(), transport=answering(body, status, ctype)).run()
+    assert isinstance(snap.finding, ProbeFinding)
+    assert snap.tokens >= 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    body=st.binary(max_size=2000) | st.sampled_from(HOSTILE_JSON),
+    kind=st.sampled_from(["ollama", "lmstudio"]),
+)
+def test_the_model_list_of_a_kind_that_loads_on_demand_survives_garbage(
+    body: bytes, kind: str
+) -> None:
+    snap = Probe(server(kind), transport=answering(body)).run()
+    assert isinstance(snap.finding, ProbeFinding)
+
+
+def test_a_report_reader_survives_every_hostile_body() -> None:
+    for kind in ("llama.cpp", "vllm-mlx", "mlx-openai-server", "rapid-mlx", "vllm", "ollama"):
+        for body in HOSTILE_JSON + HOSTILE_PROMETHEUS:
+            report = LoadReader(server(kind), transport=answering(body)).read()
+            assert report is not None and report.finding in REPORT_FINDINGS
