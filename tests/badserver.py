@@ -8,6 +8,7 @@ unless the mode is about that endpoint, and `GET /health` with 200.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -67,6 +68,16 @@ class Handler(socketserver.BaseRequestHandler):
             if not part:
                 return
             body += part
+        if path == "/_hostile":  # the tests set what a route answers, in place of its usual
+            self.server.hostile.update(json.loads(body or b"{}"))
+            self.server.hostile = {k: v for k, v in self.server.hostile.items() if v}
+            sock.sendall(head(204, "text/plain", "No Content"))
+            return
+        hostile = self.server.hostile.get(path.split("?", 1)[0])
+        if hostile is not None:
+            self.server.requests += path == "/v1/chat/completions"
+            self.hostile(sock, hostile)
+            return
         mode = self.server.mode
         report = REPORTS.get((self.server.kind, path))
         if method == "GET" and report is not None and mode == "report_hang":
@@ -100,6 +111,35 @@ class Handler(socketserver.BaseRequestHandler):
         else:
             body = {"object": "list", "data": [{"id": "bad-model", "object": "model"}]}
             sock.sendall(head(200, "application/json") + json.dumps(body).encode())
+
+    def hostile(self, sock: socket.socket, answer: dict[str, object]) -> None:
+        """An answer set by the tests: {"status", "ctype", "body" (latin-1 text), "trickle"
+        (seconds between bytes), "whole" (trickle the status line and headers too),
+        "endless" (repeat the body until the client leaves), "hang" (send nothing)}."""
+        if answer.get("hang"):  # nothing, until the client leaves (then its socket closes)
+            with contextlib.suppress(OSError):
+                while sock.recv(1024):
+                    pass
+            return
+        status = int(answer.get("status", 200))  # type: ignore[call-overload]
+        top = head(status, str(answer.get("ctype", "application/json")))
+        body = str(answer.get("body", "")).encode("latin-1")
+        pause = float(answer.get("trickle", 0.0))  # type: ignore[arg-type]
+        try:
+            if answer.get("whole"):
+                body, top = top + body, b""
+            sock.sendall(top)
+            while True:
+                if pause:
+                    for i in range(len(body)):
+                        sock.sendall(body[i : i + 1])
+                        time.sleep(pause)
+                else:
+                    sock.sendall(body)
+                if not answer.get("endless"):
+                    return
+        except OSError:
+            return  # the client left: what a server does then
 
     # -- generation modes -------------------------------------------------------------------
 
@@ -299,6 +339,7 @@ class Server(socketserver.ThreadingTCPServer):
         self.waiting = 0
         self.progress = 100.0
         self.work_started: float | None = None
+        self.hostile: dict[str, dict[str, object]] = {}
 
     def load_state(self) -> tuple[int, int, float]:
         with self.lock:

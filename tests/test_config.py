@@ -96,6 +96,28 @@ BAD = [
         'watchdog.interval = "0s" must be longer than zero',
     ),
     (
+        "interval too large for any clock",
+        '[watchdog]\ninterval = "99999999999999999999d"',
+        'watchdog.interval = "99999999999999999999d" is out of range; write a duration from "100ms" to "1d"',
+    ),
+    (
+        "interval below a tick",
+        '[watchdog]\ninterval = "0.0001ms"',
+        'watchdog.interval = "0.0001ms" is out of range',
+    ),
+    (
+        "duration below a millisecond",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nslow_after = "0.0001ms"',
+        'server "q": probe.slow_after = "0.0001ms" is out of range; write a duration from "1ms" to "366d"',
+    ),
+    (
+        "duration of 400 digits",
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nhard_timeout = "'
+        + "9" * 400
+        + 's"',
+        'probe.hard_timeout = "999',
+    ),
+    (
         "unknown key",
         '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080"\n[server.probe]\nwedge_afer = "30s"',
         'server "qwen": [server.probe]: unknown key "wedge_afer"; did you mean "wedge_after"?',
@@ -212,6 +234,13 @@ def test_api_key_file_others_can_read_is_a_warning(tmp_path: Path) -> None:
     cfg = load(f'[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\napi_key_file = "{key}"')
     assert cfg.warnings == ()  # type: ignore[attr-defined]
     assert cfg.servers[0].api_key() == "sk-secret-123"  # type: ignore[attr-defined]
+
+
+def test_an_api_key_file_that_is_a_directory_is_refused_naming_the_key(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    text = f'[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\napi_key_file = "{folder}"'
+    assert f'server "q": api_key_file = "{folder}" is a directory' in error_of(text)
 
 
 def test_missing_api_key_file_is_an_error(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,6 +95,38 @@ def test_permanent_wedge_is_healed_through_the_command_manager(
     assert receiver.titles() == ["bad is wedged", "restarting bad", "bad recovered"]
     kinds = [json.loads(line)["kind"] for line in hook_out.read_text().splitlines()]
     assert kinds == ["detected", "restarting", "recovered"]
+
+
+def test_a_wedge_restarted_into_the_same_wedge_is_one_incident_and_no_client_left(
+    tmp_path: Path,
+    hanging: BadByPidfile,
+    hook: tuple[list[str], Path],
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """A server that never answers, restarted into the same state: no "recovered" without a
+    token (a "slow" verdict with none yet is not one), one incident until a person acts, and the
+    restart check's own probes, cut at startup_grace, are no client that gave up."""
+    argv, hook_out = hook
+    raw = command_config(tmp_path, hanging, hook=argv)
+    server = raw["server"][0]  # type: ignore[index]
+    server["restart_command"][-2] = "hang"  # restarted, it hangs again
+    server["probe"] = {**FAST_PROBE, "startup_grace": "1500ms"}
+    server["restart"] = {"max_restarts": 2, "backoff": "200ms", "command_timeout": "1m"}
+    t = run_daemon(Daemon(parse_config(raw)))
+    store = t.daemon.store
+    until(lambda: store.held("bad"), 60, "the budget to be spent")
+    time.sleep(2.0)  # ticks go on while held: starting, then slow with no token, then wedged
+    restarts = [r.outcome for r in store.restarts("bad", 0.0)]
+    incidents = store.incidents(0.0)
+    gave_up = store.events("bad", since=0.0, kind="gave_up")
+    states = [row.state for row in store.probes("bad", 0.0)]
+    t.stop()
+    assert restarts == ["failed", "failed"]
+    assert [i.closed_at for i in incidents] == [None]
+    kinds = [json.loads(line)["kind"] for line in hook_out.read_text().splitlines()]
+    assert "recovered" not in kinds and kinds.count("detected") == 1, kinds
+    assert gave_up == []
+    assert "slow" in states and states[-1] == "wedged", states
 
 
 def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(

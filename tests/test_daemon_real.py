@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_watchdog.config import effective, parse_config, to_toml
+from mlx_watchdog.config import default_state_dir, effective, parse_config, to_toml
 from mlx_watchdog.demo.run import long_prompt, send, server_command
 from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
@@ -158,8 +158,16 @@ def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
         "probe", "--config", str(config_file), "--server", "tiny", "--wedge-after", "2s", "--json"
     )
     assert probe.returncode == 1 and json.loads(probe.stdout)["state"] == "busy", probe.stdout
-    left = json.loads((tmp_path / "state" / "left-probes.json").read_text())
-    assert len(left) == 1  # the leftover is on record for the daemon to honour
+    # And one with no config at all, so its state folder is not the daemon's.
+    url = config.servers[0].url
+    by_url = mlx_watchdog("probe", "--url", url, "--wedge-after", "2s", "--json")
+    assert by_url.returncode == 1 and json.loads(by_url.stdout)["state"] == "busy", by_url.stdout
+    # Each probe's connections are on record as they connect, in its own state folder and the
+    # user's default one, for the daemon to honour.
+    daemons = json.loads((tmp_path / "state" / "left-probes.json").read_text())
+    default = json.loads((default_state_dir() / "left-probes.json").read_text())
+    assert len(daemons) >= 1 and len(default) >= 2
+    assert {(ip, port) for ip, port, _ in daemons} <= {(ip, port) for ip, port, _ in default}
     client.join(300)
     assert outcome == ["served"]  # the patient client was never cut off
     until(lambda: state(t) == "healthy", 30, "healthy again")

@@ -65,13 +65,15 @@ def answering(
     body: bytes, status: int = 200, ctype: str = "application/json"
 ) -> httpx.MockTransport:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, stream=httpx.ByteStream(body), headers={"content-type": ctype})
+        return httpx.Response(
+            status, stream=httpx.ByteStream(body), headers={"content-type": ctype}
+        )
 
     return httpx.MockTransport(handler)
 
 
 def test_load_json_refuses_what_python_would_accept_or_crash_on() -> None:
-    for body in HOSTILE_JSON[:4] + [b"[" * 500_000, b"\xff\xfe{}"]:
+    for body in [*HOSTILE_JSON[:4], b"[" * 500000, b"\xff\xfe{}"]:
         with pytest.raises(BadJson):
             load_json(body)
     assert load_json(b'{"a": [1, 2.5, "x"]}') == {"a": [1, 2.5, "x"]}
@@ -167,7 +169,7 @@ def _sse(parts: list[bytes]) -> bytes:
 @given(
     body=st.binary(max_size=3000)
     | st.lists(
-        st.sampled_from(HOSTILE_JSON[:9] + [b"{}", b"[DONE]", b'{"choices": [1]}']), max_size=4
+        st.sampled_from([*HOSTILE_JSON[:9], b"{}", b"[DONE]", b'{"choices": [1]}']), max_size=4
     ).map(_sse)
     | st.sampled_from(HOSTILE_JSON),
     ctype=st.sampled_from(["text/event-stream", "application/json", "text/html", ""]),

@@ -74,7 +74,10 @@ def test_the_wheel_ships_every_module_and_template(wheel: Path) -> None:
     (license_file,) = (n for n in shipped if n.endswith(".dist-info/licenses/LICENSE"))
     with zipfile.ZipFile(wheel) as zf:
         assert zf.read(license_file) == (ROOT / "LICENSE").read_bytes()
-        assert "License-Expression: MIT" in zf.read(license_file.replace("licenses/LICENSE", "METADATA")).decode()
+        assert (
+            "License-Expression: MIT"
+            in zf.read(license_file.replace("licenses/LICENSE", "METADATA")).decode()
+        )
 
 
 def test_installs_beside_the_watchdog_library(wheel: Path, tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.states import EXIT_CODES, STATES
-from mlx_watchdog.judge.verdict import Observation, judge
+from mlx_watchdog.judge.verdict import Observation, judge, leaked_requests
 from mlx_watchdog.sense.evidence import Client, ProcessEvidence
+from mlx_watchdog.sense.findings import LoadReport
 from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
 
 S = ProbeSettings(slow_after=10, wedge_after=60, max_busy=900, startup_grace=120, hard_timeout=1800)
@@ -231,3 +232,45 @@ def test_every_judged_state_is_known_and_explained(
     if verdict is not None:
         assert verdict.state in STATES
         assert verdict.reason.startswith(verdict.state + ": ") and len(verdict.reason) > 12
+
+
+def _load(health: int, body: str) -> LoadReport:
+    return LoadReport("/health", "ok", "", health_status=health, health_body=body)
+
+
+def test_loading_is_starting_only_within_startup_grace_whatever_the_server_says() -> None:
+    settings = replace(S, slow_after=1.0, wedge_after=5.0, startup_grace=3.0)
+    loading = _load(503, '{"error": {"message": "Loading model"}}')
+    young = Observation(waiting(), proc(age=0.5), MODELS_OK, loading)
+    assert judge(young, settings, T0 + 2).state == "starting"
+    old = Observation(waiting(), proc(age=45.0), MODELS_OK, loading)
+    v = judge(old, settings, T0 + 45)
+    assert v is not None and v.state == "wedged" and "health route answers 503" in v.reason
+    # The process unseen (another machine): the probe's wait bounds it instead.
+    remote = Observation(waiting(), REMOTE, MODELS_OK, loading)
+    v = judge(remote, settings, T0 + 2.5)
+    assert v is not None and v.state == "starting" and "loading" in v.reason
+    assert judge(remote, settings, T0 + 45).state == "wedged"
+
+
+def test_a_probe_told_loading_forever_by_a_server_out_of_sight_is_down() -> None:
+    settings = replace(S, startup_grace=3.0)
+    told = finished("loading", "HTTP 503: Loading model")
+    first = Observation(told, REMOTE, MODELS_OK, loading_since=T0)
+    assert judge(first, settings, T0 + 1).state == "starting"
+    v = judge(first, settings, T0 + 45)
+    assert v is not None and v.state == "down" and "loading its model, for 45" in v.reason
+
+
+def test_a_server_that_counts_each_choice_is_not_leaking_while_a_client_is_live() -> None:
+    report = LoadReport("/metrics", "ok", "", running=4, waiting=0)
+    one = proc(live=1)
+    assert leaked_requests(report, one) == 2
+    assert leaked_requests(report, one, fans_out=True) == 0
+    assert leaked_requests(report, proc(live=0), fans_out=True) == 3
+    obs = Observation(waiting(), one, MODELS_OK, report, leak_since=T0, fans_out=True)
+    v = judge(obs, S, T0 + 61)
+    assert v is not None and v.state == "busy", v.reason
+    leaking = replace(obs, fans_out=False)
+    v = judge(leaking, S, T0 + 61)
+    assert v is not None and v.state == "wedged" and "no client" in v.reason

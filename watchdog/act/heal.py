@@ -108,6 +108,13 @@ class Watch:
     refused_said: bool = False  # the identity refusal is said once until the server serves
     # Asked for through the endpoint; the server's own job carries them out at its next tick.
     requests: deque[str] = field(default_factory=deque)
+    # Span-clock readings for the verdict's age: when this watch began, when the last verdict
+    # came, when the running tick began; and why the last tick gave none.
+    watched_since: float = 0.0
+    verdict_mono: float | None = None
+    tick_began: float | None = None
+    tick_problem: str | None = None
+    blind_said: bool = False
 
     @property
     def inspector(self) -> Inspector:

@@ -68,9 +68,15 @@ def probe(
                 f"{s.probe.wedge_after:g}s)...",
                 style="dim",
             )
+    from mlx_watchdog.sense.findings import OwnFault
+
     with ThreadPoolExecutor(max_workers=len(servers)) as pool:
         left = left_probes(config.watchdog.state_dir)
-        results = list(pool.map(lambda s: check_once(s, left=left), servers))
+        try:
+            results = list(pool.map(lambda s: check_once(s, left=left), servers))
+        except OwnFault as exc:  # the watchdog cannot look: unknown, never the server's fault
+            err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            sys.exit(UNKNOWN_EXIT)
     if as_json:
         docs = [_result_json(r) for r in results]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))

@@ -237,6 +237,16 @@ def _check_key_file(path: Path, label: str, errors: list[str], warnings: list[st
     except OSError as exc:
         errors.append(f'{label}: api_key_file = "{path}" cannot be read: {exc.strerror}')
         return
+    if not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        errors.append(f'{label}: api_key_file = "{path}" is {what}; name the file with the key')
+        return
+    try:
+        with path.open("rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        errors.append(f'{label}: api_key_file = "{path}" cannot be read: {exc.strerror}')
+        return
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         warnings.append(
             f'{label}: api_key_file = "{path}" can be read by other users '

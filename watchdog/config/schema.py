@@ -16,6 +16,7 @@ from mlx_watchdog.config.profiles import PROFILES, Kind, Profile
 from mlx_watchdog.config.values import (
     Convert,
     Manager,
+    duration_range,
     float_range,
     format_duration,
     format_size,
@@ -239,7 +240,10 @@ def default_state_dir() -> Path:
 @dataclass(frozen=True)
 class WatchdogSettings:
     interval: float = setting(
-        30.0, parse=parse_duration, show=_duration, doc="how often each server is checked"
+        30.0,
+        parse=duration_range(0.1, 86400.0),
+        show=_duration,
+        doc="how often each server is checked (100ms to 1 day)",
     )
     # `listen` in the file: "host:port" or "off" (listen_port None); port 0 takes a free one.
     listen_host: str = "127.0.0.1"

@@ -21,6 +21,8 @@ Convert = Callable[[object, str], Any]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+MIN_DURATION = 0.001  # below a millisecond nothing the watchdog waits for means anything
+MAX_DURATION = 366 * 86400.0  # beyond a year, and far below what a timer can wait
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)")
 _SIZE_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
@@ -36,7 +38,28 @@ def show(value: object) -> str:
 
 
 def parse_duration(value: object, where: str) -> float:
-    """`"500ms"`, `"30s"`, `"15m"`, `"1h"`, `"1h30m"` -> seconds."""
+    """`"500ms"`, `"30s"`, `"15m"`, `"1h"`, `"1h30m"` -> seconds, from 1 ms to 366 days."""
+    seconds: float = duration_range(MIN_DURATION, MAX_DURATION)(value, where)
+    return seconds
+
+
+def duration_range(low: float, high: float) -> Convert:
+    """A duration within [low, high]: beyond them nothing the key sets means anything (and a
+    timer cannot wait for an arbitrary float)."""
+
+    def convert(value: object, where: str) -> float:
+        seconds = _seconds(value, where)
+        if not low <= seconds <= high:
+            raise ValueError(
+                f"{where} = {show(value)} is out of range; write a duration from "
+                f'"{format_duration(low)}" to "{format_duration(high)}"'
+            )
+        return seconds
+
+    return convert
+
+
+def _seconds(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f'{where} = {show(value)} is not a duration; write it like "30s"')
     if not isinstance(value, str):
@@ -58,7 +81,7 @@ def parse_duration(value: object, where: str) -> float:
 def format_duration(seconds: float) -> str:
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"
-    for unit, size in (("h", 3600), ("m", 60)):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"

@@ -17,6 +17,7 @@ from pathlib import Path
 from mlx_watchdog.config import ProbeSettings, ServerConfig, default_state_dir
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.sense.evidence import Address, Inspector, ProcessTable
+from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.own import OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding, check_models
@@ -134,6 +135,7 @@ class Checker:
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
+        self.loading_since: float | None = None  # the first of an unbroken run of "loading"
 
     def start(self) -> Probe:
         """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
@@ -164,20 +166,32 @@ class Checker:
         """
         probe = self.start()
         snap = probe.snapshot()
+        if snap.finding == ProbeFinding.KEY_UNREADABLE:
+            self.probe = None
+            raise OwnFault(f"{self.server.name}: {snap.detail} ({self.server.api_key_file})")
         if snap.done and probe.local_address and snap.finding not in UNANSWERED:
             self.own.answered(probe.local_address)
         process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
         load = self.load.read()
-        if leaked_requests(load, process) > 0:
+        fans_out = self.server.profile.fans_out
+        if leaked_requests(load, process, fans_out=fans_out) > 0:
             self.leak_since = self.clock() if self.leak_since is None else self.leak_since
         else:
             self.leak_since = None
+        if snap.finding == ProbeFinding.LOADING:
+            self.loading_since = (
+                snap.started_at if self.loading_since is None else self.loading_since
+            )
+        elif snap.done:
+            self.loading_since = None
         if snap.done:
             self.probe = None
         if fresh_since is not None and snap.started_at < fresh_since:
             snap = replace(snap, started_at=fresh_since)
             self.leak_since = None
-        return Observation(snap, process, self.models, load, self.leak_since)
+        return Observation(
+            snap, process, self.models, load, self.leak_since, self.loading_since, fans_out
+        )
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:
         return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.clock())

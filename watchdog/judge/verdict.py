@@ -27,6 +27,8 @@ class Observation:
     models: ModelsCheck | None = None
     load: LoadReport | None = None  # what the server says about itself (its profile's routes)
     leak_since: float | None = None  # since when every look showed requests with no client
+    loading_since: float | None = None  # since when every probe got "loading" (no process seen)
+    fans_out: bool = False  # the server counts each of a request's n choices as a request
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
     young = age is not None and age < s.startup_grace
 
     if probe.finding == ProbeFinding.LOADING:
+        loading_for = now - obs.loading_since if obs.loading_since is not None else None
+        if age is None and loading_for is not None and loading_for >= s.startup_grace:
+            return State.DOWN, (
+                f"says it is loading its model, for {_s(loading_for)} now "
+                f"(startup_grace is {_s(s.startup_grace)}): {probe.detail}"
+            )
         if age is not None and age >= s.startup_grace:
             return State.DOWN, (
                 f"still loading its model {_s(age)} after it started "
@@ -105,7 +113,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
     if waited < s.slow_after:
         return None, ""
     got = _bytes_note(probe)
-    if load is not None and _loading(load):
+    if load is not None and _loading(load) and not _past_grace(age, waited, s):
         return State.STARTING, f"its health route answers {load.health_status}: loading"
     if load is not None and (load.health_status or 0) >= 500:
         return State.WEDGED, (
@@ -135,7 +143,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
         return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
 
     lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
-    leaked = leaked_requests(load, proc)
+    leaked = leaked_requests(load, proc, fans_out=obs.fans_out)
     leak_for = now - obs.leak_since if obs.leak_since is not None else 0.0
     if leaked > 0 and not abandoned and leak_for >= s.slow_after:
         return State.WEDGED, (
@@ -252,12 +260,24 @@ def evidence(obs: Observation, now: float) -> Evidence:
     )
 
 
-def leaked_requests(load: LoadReport | None, proc: ProcessEvidence) -> int:
+def leaked_requests(
+    load: LoadReport | None, proc: ProcessEvidence, *, fans_out: bool = False
+) -> int:
     """Requests the server reports beyond its connected clients and the probe: work for
-    nobody, a slot leaked behind a closed socket. 0 when either side is unknown."""
+    nobody, a slot leaked behind a closed socket. 0 when either side is unknown, and, for a
+    server that reports a request with n > 1 choices as n (vLLM), while any client is live:
+    one client may then hold any number."""
     if load is None or not load.ok or load.queued is None or proc.live is None:
         return 0
+    if fans_out and proc.live:
+        return 0
     return max(0, load.queued - (proc.live + (proc.abandoned or 0) + 1))
+
+
+def _past_grace(age: float | None, waited: float, s: ProbeSettings) -> bool:
+    """Whatever the server says, "starting" ends with startup_grace: by the process's age, or
+    by the probe's wait when the process cannot be seen."""
+    return (age if age is not None else waited) >= s.startup_grace
 
 
 def _loading(load: LoadReport) -> bool:

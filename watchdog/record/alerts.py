@@ -32,6 +32,8 @@ KINDS = (
     "budget_spent",
     "refused",
     "interrupted",
+    "blind",
+    "seeing",
 )
 TITLES = {
     "detected": "{server} is {state}",
@@ -41,6 +43,8 @@ TITLES = {
     "budget_spent": "{server} needs a person",
     "refused": "refused to signal {server}",
     "interrupted": "restart of {server} interrupted",
+    "blind": "the watchdog cannot see {server}",
+    "seeing": "the watchdog sees {server} again",
 }
 
 

@@ -30,6 +30,12 @@ class ProbeFinding(StrEnum):
     LOADING = "loading"  # 503 "Loading model" (llama-server while it loads)
     NO_RESPONSE = "no_response"  # nothing by the hard timeout
     ABORTED = "aborted"  # the watchdog closed it itself: says nothing about the server
+    KEY_UNREADABLE = "key_unreadable"  # the watchdog cannot read its api_key_file: its fault
+
+
+class OwnFault(Exception):
+    """The watchdog cannot look (its API key file is unreadable, say): never the server's
+    fault, so never a verdict on it; the daemon is blind until it is fixed, and says so."""
 
 
 OK = ProbeFinding.OK

@@ -135,7 +135,9 @@ class Probe:
         with self._lock:
             self._snap = replace(self._snap, **changes)
 
-    def _finish(self, finding: ProbeFinding, detail: str = "") -> None:
+    def _finish(self, finding: ProbeFinding, detail: str = "", *, overdue: bool = False) -> None:
+        if self._cutoff.fired and not overdue and not self._aborted:
+            return  # the socket was shut at the deadline: what follows is its echo, not the server
         with self._lock:
             if self._snap.finding is None:
                 self._snap = replace(
@@ -168,11 +170,17 @@ class Probe:
         hard = self.server.probe.hard_timeout
         snap = self.snapshot()
         if snap.tokens:
-            self._finish(OK, f"served a token; the answer did not end in {hard:g}s")
+            self._finish(OK, f"served a token; the answer did not end in {hard:g}s", overdue=True)
         elif snap.bytes:
-            self._finish(ProbeFinding.TRICKLE, f"{snap.bytes} bytes and no token in {hard:g}s")
+            self._finish(
+                ProbeFinding.TRICKLE, f"{snap.bytes} bytes and no token in {hard:g}s", overdue=True
+            )
         else:
-            self._finish(ProbeFinding.NO_RESPONSE, f"no byte within the hard timeout of {hard:g}s")
+            self._finish(
+                ProbeFinding.NO_RESPONSE,
+                f"no byte within the hard timeout of {hard:g}s",
+                overdue=True,
+            )
 
     def _exchange(self) -> None:
         hard = self.server.probe.hard_timeout
@@ -181,7 +189,7 @@ class Probe:
         try:
             headers.update(auth_headers(self.server))
         except OSError as exc:
-            self._finish(ProbeFinding.AUTH_FAILED, f"cannot read api_key_file: {exc.strerror}")
+            self._finish(ProbeFinding.KEY_UNREADABLE, f"cannot read api_key_file: {exc.strerror}")
             return
         try:
             with httpx.Client(timeout=timeout, transport=self._transport, verify=tls()) as client:

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
 
-TIMEOUT = 5.0
+TIMEOUT = 5.0  # seconds for a whole answer
+MAX_ANSWER = 8 << 20  # a status document of many servers is some kB
 TOKEN_FILE = "api-token"
 DAEMON_FILE = "daemon.json"  # where the running daemon's endpoint is, for the CLI
 
@@ -62,11 +63,27 @@ def _request(
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     lines = [f"{method} {path} HTTP/1.0", f"Host: {parts.netloc}", "Content-Length: 0"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    deadline = time.monotonic() + TIMEOUT  # in all: a peer that trickles is cut off too
     try:
         with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
             sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-            chunks = []
-            while chunk := sock.recv(65536):
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DaemonNotRunning(
+                        f"the watchdog at {url} did not answer within {TIMEOUT:g}s"
+                    )
+                sock.settimeout(left)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_ANSWER:
+                    raise DaemonNotRunning(
+                        f"the watchdog at {url} sent more than {MAX_ANSWER} bytes"
+                    )
                 chunks.append(chunk)
     except OSError as exc:
         raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
@@ -87,8 +104,10 @@ def remote_status(url: str) -> dict[str, Any]:
     try:
         if status != 200:
             raise ValueError(f"HTTP {status}")
-        doc: dict[str, Any] = json.loads(body)
-    except ValueError as exc:
+        doc = json.loads(body)
+        if not isinstance(doc, dict) or not isinstance(doc.get("servers"), list):
+            raise ValueError("not a status document")
+    except (ValueError, RecursionError) as exc:
         raise DaemonNotRunning(f"the watchdog at {url} does not answer ({exc})") from None
     return doc
 

@@ -6,6 +6,7 @@ nothing heavy ever runs inside a handler.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -25,13 +26,14 @@ from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.advice import incident_advice
 from mlx_watchdog.judge.check import Checker, left_probes
-from mlx_watchdog.judge.states import BAD_STATES
+from mlx_watchdog.judge.states import BAD_STATES, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
-from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
+from mlx_watchdog.sense.findings import OwnFault
+from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT, fresh_for
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
@@ -110,6 +112,7 @@ class Daemon:
                 server, left=self.left, table=self.table, clock=self.monotonic, wall=self.clock
             ),
         )
+        w.watched_since = self.monotonic()
         now = self.clock()
         incident = self.store.open_incident_for(server.name)
         if incident is not None:
@@ -142,6 +145,15 @@ class Daemon:
     def tick(self, name: str) -> Verdict | None:
         """Judge one server once: start a probe, or judge the age of the one in flight."""
         w = self.watches[name]
+        try:
+            self._tick(w)
+        finally:
+            # Even after a fault: the next tick measures its gap from here, not from the
+            # last good tick (that would read as a clock jump every time).
+            w.last_tick = (self.clock(), self.monotonic())
+        return w.verdict
+
+    def _tick(self, w: Watch) -> None:
         server = w.server
         while w.requests:
             self._carry_out(w, w.requests.popleft())
@@ -151,15 +163,14 @@ class Daemon:
             w.checker.start().wait(min(server.probe.slow_after, self.config.watchdog.interval / 2))
         verdict = w.checker.judge(w.manager.pid(), fresh_since=w.fresh_since)
         if verdict is not None:
+            w.verdict_mono = self.monotonic()
             self.store.record_probe(
-                name, self.clock(), verdict.state, verdict.reason, verdict.evidence.to_json()
+                server.name, self.clock(), verdict.state, verdict.reason, verdict.evidence.to_json()
             )
-            self.metrics.observe(name, verdict)
+            self.metrics.observe(server.name, verdict)
             self._keep_ttft(w, verdict)
             self._transition(w, verdict)
         self._keep_gave_up(w)
-        w.last_tick = (self.clock(), self.monotonic())
-        return w.verdict
 
     def _keep_ttft(self, w: Watch, v: Verdict) -> None:
         now = self.clock()
@@ -217,10 +228,12 @@ class Daemon:
         if before != v.state:
             w.state_since = now
             log.info("%s %s", w.server.name, v.reason)
-        if v.state in ("healthy", "slow"):
-            self.healer.recovered(w, now, recover_s=None, how="recovered by itself")
+        if v.state in (State.HEALTHY, State.SLOW):
+            # Recovered only on a token: "slow" also means no token yet, before wedge_after.
+            if v.evidence.tokens > 0:
+                self.healer.recovered(w, now, recover_s=None, how="recovered by itself")
             return
-        exited = w.manager.exited() if v.state == "down" else None
+        exited = w.manager.exited() if v.state == State.DOWN else None
         w.streak, trigger = triggers.decide(
             w.streak, v.state, self.monotonic(), w.server.probe, exited=exited is not None
         )
@@ -250,20 +263,23 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         now = self.clock()
         servers = []
+        mono = self.monotonic()
         for w in list(self.watches.values()):
             v = w.verdict
+            blind = self.blindness(w, mono)
             servers.append(
                 describe(
                     w.server,
                     now,
                     self._held(w, now),
-                    state=v.state if v else None,
-                    reason=v.reason if v else "no verdict yet",
+                    state=v.state if v and not blind else None,
+                    reason=blind or (v.reason if v else "no verdict yet"),
                     at=w.judged_at,
                     evidence=v.evidence if v else None,
                     since=w.state_since,
                     draining=w.draining,
                     restarting=w.restarting,
+                    blind=blind is not None,
                 )
             )
         return {
@@ -312,18 +328,68 @@ class Daemon:
             w.incident.advised_waits = list(waits)
         return incident_advice(waits, self.store.last_calibration(w.server.name))
 
+    def blindness(self, w: Watch, mono: float) -> str | None:
+        """Why the verdict on `w` is too old to be served as current, or None while fresh.
+
+        A tick that failed, blocked or overran leaves the last verdict standing; past a few
+        intervals it says nothing about the server now. A restart or a drain in progress is
+        the watchdog at work, shown as such."""
+        if w.restarting or w.draining:
+            return None
+        probe = w.server.probe
+        limit = fresh_for(self.config.watchdog.interval, probe.slow_after, probe.models_timeout)
+        age = mono - (w.verdict_mono if w.verdict_mono is not None else w.watched_since)
+        if age <= limit:
+            return None
+        began = w.tick_began
+        if w.tick_problem:
+            why = w.tick_problem
+        elif began is not None:
+            why = f"a tick has run for {mono - began:.0f} s"
+        else:
+            why = "no tick has given a verdict"
+        return f"no fresh verdict (watchdog blind for {age:.0f} s: {why})"
+
+    def look_at_sight(self) -> None:
+        """Say once when a server's verdict goes stale, and once when it is fresh again."""
+        mono = self.monotonic()
+        for w in list(self.watches.values()):
+            blind = self.blindness(w, mono)
+            if blind is not None and not w.blind_said:
+                w.blind_said = True
+                self.healer.emit(w, "blind", blind)
+            elif blind is None and w.blind_said and w.verdict_mono is not None:
+                w.blind_said = False
+                state = w.verdict.state if w.verdict else "unknown"
+                self.healer.emit(w, "seeing", f"a fresh verdict again: {state}")
+
     # -- running ----------------------------------------------------------------------------
 
     def _job(self, name: str) -> None:
         if self._stop.is_set():
             return
+        w = self.watches.get(name)
+        if w is None:
+            return
         with self._active_cv:
             self._active += 1
+        w.tick_began = self.monotonic()
         try:
             self.tick(name)
-        except Exception:  # a fault in one tick must not stop the probing
-            log.exception("%s tick failed; probing goes on", name)
+            w.tick_problem = None
+        except Exception as exc:  # a fault in one tick must not stop the probing
+            problem = (
+                str(exc)
+                if isinstance(exc, OwnFault)
+                else (f"the last tick failed: {type(exc).__name__}: {exc}")
+            )
+            if problem != w.tick_problem:  # once per run of the same fault, not every tick
+                log.exception("%s tick failed; probing goes on", name)
+                with contextlib.suppress(Exception):
+                    self.store.add_event(name, self.clock(), "tick_failed", problem[:500], {})
+            w.tick_problem = problem[:500]
         finally:
+            w.tick_began = None
             with self._active_cv:
                 self._active -= 1
                 self._active_cv.notify_all()
@@ -364,6 +430,10 @@ class Daemon:
             while not self._stop.is_set():
                 if self._wake.wait(1.0):
                     self._wake.clear()
+                try:
+                    self.look_at_sight()
+                except Exception:
+                    log.exception("cannot tell whether the verdicts are fresh")
                 if self._reload.is_set() and not self._stop.is_set():
                     self._reload.clear()
                     self.reload()

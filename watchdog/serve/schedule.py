@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("mlx_watchdog")
 
+MAX_WAIT = 86400.0  # a timer cannot wait for any float: past this, wake and wait again
+
 
 class Job:
     def __init__(self, name: str, interval: float, work: Callable[[], None]) -> None:
@@ -43,7 +45,7 @@ class Job:
                 self.work()
             except Exception:  # a fault in one run must not end the job
                 log.exception("%s failed; it runs again at its next interval", self.name)
-            self._wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._wake.wait(min(MAX_WAIT, max(0.0, self.interval - (time.monotonic() - started))))
             self._wake.clear()
 
 

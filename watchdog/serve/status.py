@@ -52,6 +52,7 @@ def describe(
     since: float | None = None,
     draining: bool = False,
     restarting: bool = False,
+    blind: bool = False,
 ) -> dict[str, Any]:
     ttfts = sorted(held.ttfts)
     budget = decide(server.restart, held.restarts, now)
@@ -69,6 +70,7 @@ def describe(
         "state_since": since,
         "draining": draining,
         "restarting": restarting,
+        "blind": blind,  # the verdict is too old to say anything about the server now
         "needs_person": held.needs_person,
         "last_token_at": held.last_token_at,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
