@@ -229,7 +229,9 @@ def batched_server(_batched_server: Running) -> Running:
 def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
-    def start(mode: str, delay: float = 1.5, kind: str = "mlx_lm") -> Running:
+    def start(
+        mode: str, delay: float = 1.5, kind: str = "mlx_lm", ok_requests: int | None = None
+    ) -> Running:
         port = free_port()
         log = tmp_path / f"bad-{mode}.log"
         fh = log.open("wb")
@@ -245,6 +247,7 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
                 str(delay),
                 # only when asked: "--kind mlx_lm" in its command line would match "mlx_lm"
                 *(["--kind", kind] if kind != "mlx_lm" else []),
+                *(["--ok-requests", str(ok_requests)] if ok_requests is not None else []),
             ],
             stdout=subprocess.PIPE,
             stderr=fh,

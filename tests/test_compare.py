@@ -71,3 +71,15 @@ def test_refuses_while_either_is_busy(
     proc = mlx_watchdog("compare", batched_server.url, serial_server.url, timeout=120)
     assert proc.returncode == 1, proc.stdout
     assert "not comparing" in proc.stderr and serial_server.url in proc.stderr
+
+
+def test_a_server_that_stops_answering_ends_the_comparison_at_its_limit(
+    bad_server: Callable[..., Running],
+) -> None:
+    """It serves the refusal check and a tiny prompt, then holds every request: without an
+    overall limit each request would wait its own 30 minutes."""
+    stalls = bad_server("hang_later", ok_requests=2)
+    fine = bad_server("ok")
+    proc = mlx_watchdog("compare", stalls.url, fine.url, "--timeout", "3s", timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "was not answered: no_response" in proc.stderr

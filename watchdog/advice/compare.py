@@ -76,23 +76,33 @@ def measure_side(
     *,
     say: Callable[[str], None] = lambda _: None,
     timeout: float = 1800.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Side:
+    """Every request of the side within `timeout` seconds in all: each gets what is left, so a
+    server that never answers ends the comparison at the limit, not after a request's own."""
+    deadline = clock() + timeout
+
+    def left() -> float:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise CalibrationError(f"{server.name}: not measured within the limit of {timeout:g}s")
+        return remaining
+
     say(f"{server.name}: a tiny prompt, {TINY_RUNS} times ...")
     tiny = [
-        _ttft(measure(server, filler(5, secrets.token_hex(8)), 1, timeout))
-        for _ in range(TINY_RUNS)
+        _ttft(measure(server, filler(5, secrets.token_hex(8)), 1, left())) for _ in range(TINY_RUNS)
     ]
-    words = max(1, int(prompt_tokens / tokens_per_word(server, timeout)))
+    words = max(1, int(prompt_tokens / tokens_per_word(server, left())))
     text = filler(words, secrets.token_hex(8))
     say(f"{server.name}: prefilling about {prompt_tokens} tokens, then the same prompt again ...")
-    first = measure(server, text, 1, timeout)
-    again = measure(server, text, 1, timeout)
+    first = measure(server, text, 1, left())
+    again = measure(server, text, 1, left())
     say(f"{server.name}: decoding ...")
-    decode_tps, decode_note = decode_rate(server, timeout)
+    decode_tps, decode_note = decode_rate(server, left())
     streams, together = {}, {}
     for n in STREAMS:
         say(f"{server.name}: {n} stream{'s' if n > 1 else ''} at once ...")
-        streams[n], together[n] = _streams(server, n, timeout)
+        streams[n], together[n] = _streams(server, n, left())
     tokens = first.prompt_tokens or prompt_tokens
     return Side(
         name=server.name,
@@ -274,8 +284,9 @@ def compare(
     prompt_tokens: int,
     *,
     say: Callable[[str], None] = lambda _: None,
-    timeout: float = 1800.0,
+    timeout: float = 600.0,
 ) -> Comparison:
+    """`timeout`: for each side, in all."""
     return Comparison(
         measure_side(a, prompt_tokens, say=say, timeout=timeout),
         measure_side(b, prompt_tokens, say=say, timeout=timeout),

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 )
 @click.option("--model-a", help="The model to name in requests to A (default: none).")
 @click.option("--model-b", help="The model to name in requests to B (default: none).")
+@click.option(
+    "--timeout",
+    "limit",
+    default="10m",
+    show_default=True,
+    help="At most this long for each server, in all; then it gives up (exit 3).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
 def compare(
     config_path: Path | None,
@@ -32,6 +39,7 @@ def compare(
     prompt_tokens: str,
     model_a: str | None,
     model_b: str | None,
+    limit: str,
     as_json: bool,
 ) -> None:
     """Measure two servers the same way and print them side by side.
@@ -39,7 +47,8 @@ def compare(
     SERVER_A and SERVER_B are URLs or names of configured servers. For each: the first token
     of a tiny prompt, prefill and decode rates, the same long prompt twice (the prompt cache),
     and the decode rate of 1, 2 and 4 streams at once (batching). It sends long prompts, so
-    it refuses while either server is busy. Exit 0, 1 when it refused.
+    it refuses while either server is busy. Exit 0; 1 when it refused; 3 when a server was
+    not measured (an error, or not within --timeout).
     """
     import json
 
@@ -48,12 +57,13 @@ def compare(
     from mlx_watchdog.advice.calibrate import CalibrationError, parse_tokens, refusal
     from mlx_watchdog.advice.compare import compare as run_compare
     from mlx_watchdog.advice.compare import findings, table
-    from mlx_watchdog.config import ConfigError
+    from mlx_watchdog.config import ConfigError, parse_duration
     from mlx_watchdog.judge.check import left_probes
 
     cfg = load_or_exit(config_path)
     try:
         tokens = parse_tokens(prompt_tokens, "--prompt-tokens")
+        seconds = parse_duration(limit, "--timeout")
         a = _side(cfg, server_a, "a", model_a)
         b = _side(cfg, server_b, "b", model_b)
     except (ConfigError, ValueError) as exc:
@@ -74,9 +84,10 @@ def compare(
             sys.exit(1)
     say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
     try:
-        result = run_compare(a, b, tokens, say=say)
+        result = run_compare(a, b, tokens, say=say, timeout=seconds)
     except CalibrationError as exc:
-        raise click.ClickException(str(exc)) from None
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
