@@ -182,7 +182,37 @@ def test_history_without_a_database_has_no_incidents() -> None:
     result = CliRunner().invoke(cli, ["history", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout) == []
     bad = CliRunner().invoke(cli, ["history", "--since", "7"])
-    assert bad.exit_code == 2 and "has no unit" in bad.output
+    assert bad.exit_code == 3 and "has no unit" in bad.output
+
+
+USAGE_ERRORS = [
+    ["probe", "--url", "http://127.0.0.1:9", "--server", "x"],
+    ["probe", "--bogus"],
+    ["no-such-command"],
+    ["status", "extra"],
+    ["history", "--since"],
+    ["compare", "only-one"],
+    ["config", "check", "--nope"],
+]
+UNKNOWN_NAMES = [
+    ["probe", "--server", "nope"],
+    ["history", "--server", "nope"],
+    ["compare", "nope", "http://127.0.0.1:9"],
+]
+
+
+@pytest.mark.parametrize("args", USAGE_ERRORS + UNKNOWN_NAMES, ids=" ".join)
+def test_a_typo_or_an_unknown_name_exits_3_never_2(args: list[str]) -> None:
+    """2 is critical in the monitoring convention: a typo in a check must not page anyone."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 3, result.output
+    assert "Error" in result.output or "error" in result.output
+
+
+def test_help_and_version_still_exit_0() -> None:
+    assert CliRunner().invoke(cli, ["--help"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["--version"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["probe", "--help"]).exit_code == 0
 
 
 def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:

@@ -210,6 +210,43 @@ def restarts_in(db: Path) -> list[tuple[str, str | None]]:
         con.close()
 
 
+def test_a_second_daemon_on_one_state_folder_exits_3_naming_the_first(
+    tmp_path: Path, hanging: BadByPidfile
+) -> None:
+    """Two daemons on one config would each count the other's probe as a client and restart
+    the server twice. The second exits at once, before it reads or writes anything; the lock
+    goes with the first one's process, however it ends, so a relaunch runs."""
+    cfg = tmp_path / "w.toml"
+    raw = command_config(tmp_path, hanging)
+    raw["server"][0]["manager"] = "none"  # type: ignore[index]
+    cfg.write_text(toml(raw))
+    log = tmp_path / "daemon.log"
+    first = daemon_process(cfg, log)
+    try:
+        until(lambda: (tmp_path / "state" / "daemon.json").exists(), 30, "the first daemon")
+        second = subprocess.run(
+            [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+        )
+        assert second.returncode == 3, second.stderr
+        assert f"another watchdog (PID {first.pid}) runs on the state folder" in second.stderr
+        assert first.poll() is None
+        assert "restarting" not in log.read_text()
+    finally:
+        first.kill()  # kill -9: the kernel drops the lock with the process
+        first.wait()
+    relaunched = daemon_process(cfg, log)
+    try:
+        until(lambda: log.read_text().count("watching bad") >= 2, 30, "the relaunch to run")
+        assert relaunched.poll() is None
+    finally:
+        relaunched.send_signal(signal.SIGTERM)
+        assert relaunched.wait(30) == 0
+
+
 def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
     tmp_path: Path, hanging: BadByPidfile
 ) -> None:

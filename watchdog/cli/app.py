@@ -79,7 +79,36 @@ def load_or_exit(config_path: Path | None) -> Config:
     return config
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Group(click.Group):
+    """click's group, with the monitoring convention's exit codes: a usage error (a typo, an
+    unknown option, two options that exclude each other) exits 3, "unknown", never click's 2,
+    which a check reads as critical (wedged, dead or down)."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            exc.show()
+            sys.exit(UNKNOWN_EXIT)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Abort, EOFError, KeyboardInterrupt):
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlx-watchdog")
 def cli() -> None:
     """Liveness watchdog for local LLM servers: tells a wedged mlx_lm.server from a busy one."""

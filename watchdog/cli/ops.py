@@ -141,7 +141,7 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
 
     from rich.table import Table
 
-    from mlx_watchdog.config import parse_duration
+    from mlx_watchdog.config import ConfigError, parse_duration
     from mlx_watchdog.record.store import open_history
 
     cfg = load_or_exit(config_path)
@@ -149,6 +149,12 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
         window = parse_duration(since, "--since")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    try:
+        if server_name is not None:
+            cfg.server(server_name)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
     store = open_history(cfg.watchdog.state_dir, create=False)
     try:
         incidents = store.incidents(time.time() - window, server_name)

@@ -155,7 +155,14 @@ def run(config_path: Path | None) -> None:
 
     setup_logging()
     config = load_or_exit(config_path)
-    sys.exit(Daemon(config, config_path=config_path).run())
+    from mlx_watchdog.serve.daemon import AlreadyRunning
+
+    try:
+        daemon = Daemon(config, config_path=config_path)
+    except AlreadyRunning as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)
+    sys.exit(daemon.run())
 
 
 def setup_logging() -> None:

@@ -7,6 +7,7 @@ nothing heavy ever runs inside a handler.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -52,6 +53,30 @@ from mlx_watchdog.serve.status import (
 log = logging.getLogger("mlx_watchdog")
 
 LOG_CHECK = 60.0  # seconds between log size checks
+LOCK_FILE = "daemon.lock"
+
+
+class AlreadyRunning(Exception):
+    """Another daemon holds this state folder; the message names its PID."""
+
+
+def hold_lock(path: Path) -> int:
+    """An exclusive lock on `path`, held while the returned descriptor is open. The kernel
+    releases it on any exit (kill -9 included), so a service manager's relaunch takes it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise AlreadyRunning(
+            f"another watchdog (PID {holder}) runs on the state folder {path.parent}; "
+            "stop it first, or give this one another state_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
 
 
@@ -69,6 +94,9 @@ class Daemon:
     ) -> None:
         self.config = config
         self.config_path = config_path
+        # Before anything is read or written: a second daemon on this state folder would
+        # settle the first one's restart as interrupted, probe beside it and restart twice.
+        self._lock = hold_lock(config.watchdog.state_dir / LOCK_FILE)
         self.system = system or System()
         self.table = table or ProcessTable()
         self.clock = clock  # wall time, for what is recorded and shown
@@ -491,6 +519,7 @@ class Daemon:
         self.alerter.close(timeout=5.0)
         self.store.close()
         log.info("stopped")
+        os.close(self._lock)
 
     def _serve_endpoint(self) -> None:
         """Start /healthz, /status, /metrics; without them the watchdog still probes and heals."""
