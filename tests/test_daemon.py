@@ -394,3 +394,81 @@ def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
         assert proc.wait(30) == 0
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
     assert not listens(port)
+
+
+def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """A reload never runs two ticks of one server at once and adds no thread; a change of a
+    threshold leaves the managed process alone; a new command restarts it through the one
+    restart path (recorded, and counted against the budget)."""
+    import threading
+
+    port = free_port()
+    command = [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"]
+    raw: dict[str, object] = {
+        "watchdog": {"interval": "200ms", "listen": "off", "state_dir": str(tmp_path / "state")},
+        "server": [
+            {
+                "name": "owned",
+                "url": f"http://127.0.0.1:{port}",
+                "manager": "process",
+                "match": "badserver",
+                "command": command,
+                "probe": {"slow_after": "1s", "wedge_after": "5s", "startup_grace": "20s"},
+            }
+        ],
+    }
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(toml(raw))
+    daemon = Daemon(parse_config(raw), config_path=cfg)
+    inside: dict[str, int] = {}
+    most = [0]
+    lock = threading.Lock()
+    tick = daemon.tick
+
+    def counted(name: str) -> object:
+        with lock:
+            inside[name] = inside.get(name, 0) + 1
+            most[0] = max(most[0], inside[name])
+        try:
+            return tick(name)
+        finally:
+            with lock:
+                inside[name] -= 1
+
+    daemon.tick = counted  # type: ignore[method-assign]
+    t = run_daemon(daemon)
+    w = daemon.watches["owned"]
+    until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
+    pid = w.manager.pid()
+    threads = threading.active_count()
+    for _ in range(100):
+        daemon.request_reload()
+        time.sleep(0.01)
+    time.sleep(1.0)
+    assert threading.active_count() <= threads + 1
+    assert daemon.watches["owned"] is w and w.manager.pid() == pid
+
+    server = raw["server"][0]  # type: ignore[index]
+    server["probe"] = {**server["probe"], "wedge_after": "6s"}
+    cfg.write_text(toml(raw))
+    daemon.request_reload()
+    until(lambda: w.server.probe.wedge_after == 6.0, 10, "the new threshold to apply")
+    assert w.manager.pid() == pid and daemon.store.restarts("owned", 0.0) == []
+
+    server["command"] = [*command, "--delay", "0.5"]
+    cfg.write_text(toml(raw))
+    daemon.request_reload()
+    until(lambda: daemon.store.restarts("owned", 0.0), 20, "the restart for the new command")
+    until(
+        lambda: w.verdict is not None and w.verdict.state == "healthy" and not w.restarting,
+        30,
+        "serving",
+    )
+    (restart,) = daemon.store.restarts("owned", 0.0)
+    assert (restart.trigger, restart.outcome) == ("reload", "recovered")
+    assert w.manager.pid() not in (None, pid)
+    assert "--delay" in " ".join(psutil.Process(w.manager.pid()).cmdline())
+    t.stop()
+    assert most[0] == 1, "two ticks of one server ran at once"

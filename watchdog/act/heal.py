@@ -115,6 +115,10 @@ class Watch:
     tick_began: float | None = None
     tick_problem: str | None = None
     blind_said: bool = False
+    # A reload's settings, for the server's own job to apply at its next tick; and whether a
+    # reload removed the server (its job ends).
+    new_config: ServerConfig | None = None
+    retired: bool = False
 
     @property
     def inspector(self) -> Inspector:

@@ -153,6 +153,22 @@ class Checker:
                     self.own.answered(address)
         return self.probe
 
+    def reconfigure(self, server: ServerConfig) -> None:
+        """New settings for the same server, from a reload: the probe in flight is kept (closing
+        it would be one more abandoned request), unless the server is now somewhere else."""
+        moved = (server.url, server.match) != (self.server.url, self.server.match)
+        if moved:
+            self.abort()
+            old = self.inspector
+            self.inspector = Inspector(server, table=old.table, clock=self.clock, wall=old.wall)
+            self.leak_since = self.loading_since = None
+        self.server = server
+        self.inspector.server = server
+        self.load.server = server
+        self.own.keep = server.probe.hard_timeout
+        if moved:
+            self.load.forget()
+
     def connected(self, address: tuple[str, int]) -> None:
         """One of this watchdog's connections to the server: never a client."""
         self.own.connected(address)

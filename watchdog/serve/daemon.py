@@ -40,7 +40,7 @@ from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
 from mlx_watchdog.serve.logs import own_log, rotate
 from mlx_watchdog.serve.metrics import Metrics
-from mlx_watchdog.serve.schedule import Job, Schedule
+from mlx_watchdog.serve.schedule import Schedule
 from mlx_watchdog.serve.status import (
     DAY,
     GAVE_UP,
@@ -77,6 +77,8 @@ def hold_lock(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
 JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
 
 
@@ -183,6 +185,8 @@ class Daemon:
 
     def _tick(self, w: Watch) -> None:
         server = w.server
+        if w.new_config is not None:
+            self._reconfigure(w, w.new_config)
         while w.requests:
             self._carry_out(w, w.requests.popleft())
         self._notice_jump(w)
@@ -397,7 +401,7 @@ class Daemon:
         if self._stop.is_set():
             return
         w = self.watches.get(name)
-        if w is None:
+        if w is None or w.retired:
             return
         with self._active_cv:
             self._active += 1
@@ -436,8 +440,8 @@ class Daemon:
 
     def _schedule(self) -> None:
         interval = self.config.watchdog.interval
-        jobs = [Job(name, interval, functools.partial(self._job, name)) for name in self.watches]
-        self.schedule.replace([Job("logs", LOG_CHECK, self.rotate_logs), *jobs])
+        jobs = {name: (interval, functools.partial(self._job, name)) for name in self.watches}
+        self.schedule.keep({"logs": (LOG_CHECK, self.rotate_logs), **jobs})
 
     def run(self, *, install_signals: bool = True) -> int:
         """Run in the foreground until SIGTERM/SIGINT (or `stop()`); SIGHUP reloads.
@@ -479,6 +483,9 @@ class Daemon:
         self._wake.set()
 
     def reload(self) -> bool:
+        """Read the config again. Each server keeps its job (never two ticks of one server, no
+        new threads for an unchanged one); new settings are handed to the server's own job,
+        which applies them at its next tick, between two ticks."""
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:
@@ -487,19 +494,43 @@ class Daemon:
         old = {s.name: s for s in self.config.servers}
         fresh = {s.name: s for s in new.servers}
         for name in old.keys() - fresh.keys():
-            self.watches.pop(name).manager.stop()
+            gone = self.watches.pop(name)
+            gone.retired = True
+            gone.manager.stop()
         for name, server in fresh.items():
-            if old.get(name) != server:
-                previous = self.watches.pop(name, None)
-                if previous is not None:
-                    previous.manager.stop()
+            if name not in self.watches:
                 self.watches[name] = self._watch(server)
                 self.watches[name].manager.start()
+            elif old.get(name) != server:
+                self.watches[name].new_config = server
+                self.schedule.wake(name)
         self.config = new
         if self._running:
             self._schedule()
         log.info("config reloaded: watching %s", ", ".join(self.watches))
         return True
+
+    def _reconfigure(self, w: Watch, server: ServerConfig) -> None:
+        """Apply a reload's settings in the server's own job. The running process is left
+        alone unless what runs it changed (a `process` server's command, environment or log);
+        then it is restarted through the one restart path: recorded, alerted, budgeted."""
+        before = w.server
+        w.new_config = None
+        if server.manager != before.manager:
+            w.manager.stop()
+            w.manager = make_manager(server, self.system, self.state_dir)
+            w.manager.start()
+        else:
+            w.manager.server = server
+        w.server = server
+        w.checker.reconfigure(server)
+        runs = (before.command, dict(before.env), before.log_file)
+        if server.manager == before.manager == "process" and runs != (
+            server.command,
+            dict(server.env),
+            server.log_file,
+        ):
+            self.healer.heal(w, "reload", "its command changed in the config", manual=True)
 
     def _finish(self) -> None:
         self._stop.set()

@@ -56,6 +56,26 @@ class Schedule:
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
 
+    def keep(self, wanted: dict[str, tuple[float, Callable[[], None]]]) -> None:
+        """Run exactly `wanted` (name -> interval, work): a job already running under its name
+        keeps its thread (its interval updated), so one job's runs never overlap and a reload
+        adds no thread; a job no longer wanted stops after its run in progress."""
+        with self._lock:
+            old = self._jobs
+            kept = {n: j for n, j in old.items() if n in wanted}
+            moved = [j for n, j in kept.items() if j.interval != wanted[n][0]]
+            for name, job in kept.items():
+                job.interval, job.work = wanted[name]
+            started = {n: Job(n, *wanted[n]) for n in wanted if n not in kept}
+            self._jobs = {**kept, **started}
+        for name, job in old.items():
+            if name not in wanted:
+                job.stop()
+        for job in started.values():
+            job.start()
+        for job in moved:
+            job.wake()  # a new interval takes effect now, not after the old one
+
     def replace(self, jobs: list[Job]) -> None:
         with self._lock:
             old, self._jobs = self._jobs, {job.name: job for job in jobs}

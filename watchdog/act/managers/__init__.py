@@ -121,6 +121,7 @@ class System:
 
 class Manager(Protocol):
     kind: str
+    server: ServerConfig  # a reload that leaves the process alone hands over the new settings
 
     def pid(self) -> int | None:
         """The server's PID as the manager knows it, or None."""
@@ -194,6 +195,9 @@ class NoManager(External):
 
     kind = "none"
 
+    def __init__(self, server: ServerConfig) -> None:
+        self.server = server
+
     def pid(self) -> int | None:
         return None
 
@@ -215,4 +219,4 @@ def make_manager(server: ServerConfig, system: System, state_dir: Path) -> Manag
         return ProcessManager(server, system, state_dir / f"process-{server.name}.json")
     if server.manager == "command":
         return CommandManager(server, system)
-    return NoManager()
+    return NoManager(server)
