@@ -16,7 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.serve.daemon import Daemon
-from tests.conftest import BadByPidfile, DaemonThread, Running, mlx_watchdog, until
+from tests.conftest import (
+    TESTS,
+    BadByPidfile,
+    DaemonThread,
+    Running,
+    free_port,
+    mlx_watchdog,
+    until,
+)
 from tests.test_daemon import FAST_PROBE, command_config
 
 
@@ -227,3 +235,146 @@ def test_status_and_history_with_the_daemon_running_and_stopped(
     assert other.returncode == 3 and 'no server named "other"' in other.stderr
     refused = cli(cfg, "restart", "bad")
     assert refused.returncode == 3 and "not running" in refused.stderr
+
+
+def _raw(url: str, request: bytes, wait: float = 5.0) -> bytes:
+    """One request on a bare socket, and what comes back before the server closes or `wait`."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=wait) as sock:
+        sock.sendall(request)
+        got = b""
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+                if b"\r\n\r\n" in got and b"Connection: close" in got:
+                    break
+        except TimeoutError:
+            pass
+    return got
+
+
+def test_a_body_is_read_only_for_the_token_holder_and_its_length_is_checked(
+    endpoint: Endpoint,
+) -> None:
+    action = b"POST /servers/good/undrain HTTP/1.1\r\nHost: w\r\n"
+    # No token, a body announced of a terabyte that never comes: refused at once, unread.
+    refused = _raw(endpoint.url, action + b"Content-Length: 1000000000000\r\n\r\n")
+    assert refused.startswith(b"HTTP/1.1 401 ")
+    auth = f"Authorization: Bearer {endpoint.token}\r\n".encode()
+    for length, code in (
+        (b"abc", 400),
+        (b"1e3", 400),
+        (b"-1", 400),
+        (b"10^12", 400),
+        (b"4000000000", 413),
+        (b"2048", 413),
+    ):
+        answer = _raw(endpoint.url, action + auth + b"Content-Length: " + length + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 %d " % code), (length, answer[:80])
+    missing = _raw(endpoint.url, action + auth + b"\r\n")
+    assert missing.startswith(b"HTTP/1.1 411 ")
+    chunked = _raw(endpoint.url, action + auth + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert chunked.startswith(b"HTTP/1.1 411 ")
+    ok = _raw(endpoint.url, action + auth + b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+    assert ok.startswith(b"HTTP/1.1 202 ")
+    for method in (b"HEAD", b"OPTIONS"):
+        answer = _raw(endpoint.url, method + b" /status HTTP/1.1\r\nHost: w\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, POST" in answer
+
+
+def test_hundreds_of_idle_connections_and_a_slow_sender_leave_the_watchdog_seeing(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    """launchd gives a job 256 open files. 300 connections that send nothing and one that sends
+    its headers a byte at a time must leave the probing and /healthz working: a wedge that
+    begins meanwhile is found, and a new client gets the real answer."""
+    import resource
+    import socket
+    import sys
+    import time
+
+    hang_file = tmp_path / "hang-now"
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(TESTS / "badserver.py"),
+            "--port",
+            str(port),
+            "--mode",
+            "hang_later",
+            "--hang-file",
+            str(hang_file),
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
+    listen = free_port()
+    cfg = tmp_path / "w.toml"
+    from tests.test_daemon import toml
+
+    cfg.write_text(
+        toml(
+            {
+                "watchdog": {
+                    "interval": "500ms",
+                    "listen": f"127.0.0.1:{listen}",
+                    "state_dir": str(tmp_path / "state"),
+                },
+                "server": [
+                    {
+                        "name": "bad",
+                        "url": f"http://127.0.0.1:{port}",
+                        "match": "badserver",
+                        "probe": {"slow_after": "1s", "wedge_after": "2s", "startup_grace": "1s"},
+                    }
+                ],
+            }
+        )
+    )
+    log = tmp_path / "daemon.log"
+
+    def launchd_limits() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    with log.open("wb") as err:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            preexec_fn=launchd_limits,
+        )
+    idle: list[socket.socket] = []
+    try:
+        until(lambda: "bad healthy" in log.read_text(), 30, "the daemon to see it serve")
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", listen), timeout=5))
+        slow = socket.create_connection(("127.0.0.1", listen), timeout=5)
+        idle.append(slow)
+        slow.sendall(b"GET /healthz HTTP/1.1\r\n")
+        for byte in b"Host: w\r\n":
+            slow.sendall(bytes([byte]))
+            time.sleep(0.05)
+        hang_file.touch()
+        began = time.monotonic()
+        until(lambda: "bad detected: wedged" in log.read_text(), 30, "the wedge to be found")
+        found = time.monotonic() - began
+        health = httpx.get(f"http://127.0.0.1:{listen}/healthz", timeout=10)
+        assert health.status_code == 503 and "bad unavailable: wedged" in health.text
+        assert found < 2.0 + 2 * 0.5 + 3.0, found  # wedge_after + 2 intervals, and slack
+        assert daemon.poll() is None
+        assert "Too many open files" not in log.read_text()
+    finally:
+        for sock in idle:
+            sock.close()
+        daemon.terminate()
+        daemon.wait(30)
+        server.kill()
+        server.wait()
+        assert server.stdout is not None
+        server.stdout.close()

@@ -17,12 +17,23 @@ import os
 import secrets
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol
+
+from mlx_watchdog.sense.bounded import Cutoff
 
 log = logging.getLogger("mlx_watchdog")
 
 ACTIONS = ("restart", "drain", "undrain")
+MAX_BODY = 1024  # an action carries no body to speak of
+MAX_CONNECTIONS = 32
+IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing
+CONNECTION_LIFETIME = 30.0  # seconds a connection may last in all (a byte-a-second sender)
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
+    b"Connection: close\r\nRetry-After: 1\r\n\r\ntoo many connections\n"
+)
 
 
 class Backend(Protocol):
@@ -50,9 +61,21 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "mlx-watchdog"
         protocol_version = "HTTP/1.1"
+        timeout = IDLE_TIMEOUT
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # a load balancer polling every second must not fill the log
+
+        def handle_one_request(self) -> None:
+            self.server.mark(self.connection, idle=True)  # type: ignore[attr-defined]
+            super().handle_one_request()
+
+        def parse_request(self) -> bool:
+            # Idle until its headers are whole: one that sends them a byte at a time is the
+            # first to go when the connections are all taken.
+            whole = super().parse_request()
+            self.server.mark(self.connection, idle=not whole)  # type: ignore[attr-defined]
+            return whole
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -71,17 +94,23 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
 
         def do_POST(self) -> None:
             parts = self.path.split("?", 1)[0].strip("/").split("/")
-            if self.headers.get("Content-Length"):
-                self.rfile.read(int(self.headers["Content-Length"]))
             if not (len(parts) == 3 and parts[0] == "servers" and parts[2] in ACTIONS):
+                self.close_connection = True  # its body, if any, is never read
                 if parts[0] in ("status", "metrics", "healthz"):
                     self._error(405, "use GET", allow="GET")
                 else:
                     self._error(404, f"no such path: /{'/'.join(parts)}")
                 return
+            # Who asks comes before what they send: a body is read only for the token holder.
             given = self.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                self.close_connection = True
                 self._error(401, "a bearer token is needed (the api-token file in state_dir)")
+                return
+            problem = self._read_body()
+            if problem is not None:
+                self.close_connection = True
+                self._error(*problem)
                 return
             try:
                 message = backend.act(parts[1], parts[2])
@@ -91,9 +120,25 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
             self._json(202, {"server": parts[1], "action": parts[2], "message": message})
 
         def do_PUT(self) -> None:
+            self.close_connection = True
             self._error(405, "use GET or POST", allow="GET, POST")
 
-        do_DELETE = do_PATCH = do_PUT
+        do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+
+        def _read_body(self) -> tuple[int, str] | None:
+            """Read the (small, unused) body an action may carry; why not, as (code, message)."""
+            length = self.headers.get("Content-Length")
+            if self.headers.get("Transfer-Encoding"):
+                return 411, "send Content-Length, not Transfer-Encoding"
+            if length is None:
+                return 411, "Content-Length is required"
+            if not length.isascii() or not length.isdigit():
+                return 400, f"Content-Length {length[:20]!r} is not a number of bytes"
+            if int(length) > MAX_BODY:
+                return 413, f"a body of at most {MAX_BODY} bytes"
+            if int(length):
+                self.rfile.read(int(length))
+            return None
 
         def _health(self, name: str | None) -> None:
             doc = backend.status()
@@ -140,7 +185,55 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
 
 
 class _Server(http.server.ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS open at once, each idle for at most IDLE_TIMEOUT and open for at
+    most CONNECTION_LIFETIME. The probing and the endpoint share the process's open files
+    (launchd's default is 256): a client that opens hundreds of connections and sends nothing,
+    or its headers a byte at a time, must not leave the watchdog unable to probe, nor a load
+    balancer unanswered. When all are taken, the one idle longest (no request under way) is
+    closed for the newcomer."""
+
     daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: dict[socket.socket, tuple[float, bool]] = {}  # since, idle
+        self._guard = threading.Condition()
+
+    def mark(self, sock: socket.socket, idle: bool) -> None:
+        with self._guard:
+            if sock in self._open:
+                self._open[sock] = (time.monotonic() if idle else self._open[sock][0], idle)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._guard:
+            if len(self._open) >= MAX_CONNECTIONS:
+                idle = [(since, s) for s, (since, i) in self._open.items() if i]
+                if idle:
+                    _, oldest = min(idle, key=lambda pair: pair[0])
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)
+                self._guard.wait_for(lambda: len(self._open) < MAX_CONNECTIONS, timeout=1.0)
+            if len(self._open) >= MAX_CONNECTIONS:  # every one is a request under way
+                with contextlib.suppress(OSError):
+                    request.sendall(BUSY)
+                self.shutdown_request(request)
+                return
+            self._open[request] = (time.monotonic(), True)
+        cutoff = Cutoff(CONNECTION_LIFETIME)
+        cutoff.watch(request)
+        cutoff.__enter__()
+
+        def serve() -> None:
+            try:
+                self.process_request_thread(request, client_address)
+            finally:
+                cutoff.__exit__()
+                with self._guard:
+                    self._open.pop(request, None)
+                    self._guard.notify_all()
+
+        threading.Thread(target=serve, name="endpoint-request", daemon=True).start()
 
 
 def start(
