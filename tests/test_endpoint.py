@@ -378,3 +378,70 @@ def test_hundreds_of_idle_connections_and_a_slow_sender_leave_the_watchdog_seein
         server.wait()
         assert server.stdout is not None
         server.stdout.close()
+
+
+def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_believed(
+    tmp_path: Path, bad_server: Callable[..., Running], run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """As ssh treats ~/.ssh: a folder anyone may write would let them plant the token the
+    endpoint accepts, or a daemon record that points status at their server."""
+    import sys
+
+    from tests.test_daemon import toml
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cfg = tmp_path / "w.toml"
+    srv = bad_server("ok")
+    cfg.write_text(
+        toml(
+            {
+                "watchdog": {"interval": "200ms", "listen": "127.0.0.1:0", "state_dir": str(state)},
+                "server": [{"name": "s", "url": srv.url, "match": "badserver"}],
+            }
+        )
+    )
+    state.chmod(0o777)
+    refused = subprocess.run(
+        [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+    assert refused.returncode == 3
+    assert f"state_dir {state} can be written by other users (mode 0777); run: chmod 700" in (
+        refused.stderr
+    )
+    state.chmod(0o700)
+
+    # A token planted as a symlink to a file the attacker controls is never believed.
+    theirs = tmp_path / "their-token"
+    theirs.write_text("attacker-chosen-token-0123456789\n")
+    (state / "api-token").symlink_to(theirs)
+    config = parse_config(
+        {
+            "watchdog": {"interval": "200ms", "listen": "127.0.0.1:0", "state_dir": str(state)},
+            "server": [{"name": "s", "url": srv.url, "match": "badserver"}],
+        }
+    )
+    t = run_daemon(Daemon(config))
+    until(lambda: t.daemon.watches["s"].verdict is not None, 20, "a verdict")
+    assert t.daemon.endpoint is None, "no endpoint serves with a token it cannot trust"
+    t.stop()
+    (state / "api-token").unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (state / "daemon.json").unlink(missing_ok=True)
+    (state / "daemon.json").symlink_to(victim)
+
+    t = run_daemon(Daemon(config))
+    e = Endpoint(t)
+    assert victim.read_text() == "precious\n", "the record was written through a planted link"
+    assert not (state / "daemon.json").is_symlink()
+    assert e.post("/servers/s/drain", "attacker-chosen-token-0123456789").status_code == 401
+    assert e.post("/servers/s/undrain", e.token).status_code == 202
+    for name in ("api-token", "daemon.json", "history.db"):
+        mode = stat.S_IMODE((state / name).stat().st_mode)
+        assert mode == 0o600, (name, oct(mode))
+    t.stop()

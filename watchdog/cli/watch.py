@@ -155,11 +155,12 @@ def run(config_path: Path | None) -> None:
 
     setup_logging()
     config = load_or_exit(config_path)
+    from mlx_watchdog.record.private import UnsafeState
     from mlx_watchdog.serve.daemon import AlreadyRunning
 
     try:
         daemon = Daemon(config, config_path=config_path)
-    except AlreadyRunning as exc:
+    except (AlreadyRunning, UnsafeState) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
     sys.exit(daemon.run())

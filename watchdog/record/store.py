@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlx_watchdog.record.private import UnsafeState, create_private
+
 log = logging.getLogger("mlx_watchdog.store")
 
 T = TypeVar("T")
@@ -131,14 +133,16 @@ class Store:
         if self.path is None:
             return self._connect(":memory:")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # Created 0600 before SQLite opens it: its -wal and -shm take the same mode.
+            create_private(self.path)
             return self._connect(str(self.path))
         except sqlite3.DatabaseError as exc:
             if _is_corrupt(exc):
                 self._move_aside(exc)
                 return self._connect(str(self.path))
             return self._fall_back(exc)
-        except OSError as exc:
+        except (OSError, UnsafeState) as exc:
             return self._fall_back(exc)
 
     def _connect(self, where: str) -> sqlite3.Connection:

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
+from mlx_watchdog.record.private import UnsafeState, read_private
 
 TIMEOUT = 5.0  # seconds for a whole answer
 MAX_ANSWER = 8 << 20  # a status document of many servers is some kB
@@ -33,11 +34,11 @@ class ActionRefused(Exception):
 def daemon_url(state_dir: Path) -> str:
     path = state_dir / DAEMON_FILE
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(read_private(path))
         pid, url = int(record["pid"]), str(record["url"])
     except FileNotFoundError:
         raise DaemonNotRunning(f"the watchdog is not running (no {path})") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, UnsafeState) as exc:
         raise DaemonNotRunning(f"{path} is unreadable ({exc})") from None
     if not _alive(pid):
         raise DaemonNotRunning(f"the watchdog is not running (PID {pid} in {path} is gone)")
@@ -129,8 +130,8 @@ def history_status(config: Config, why: str, now: float | None = None) -> dict[s
 def act(state_dir: Path, name: str, action: str) -> str:
     url = daemon_url(state_dir)
     try:
-        token = (state_dir / TOKEN_FILE).read_text().strip()
-    except OSError as exc:
+        token = read_private(state_dir / TOKEN_FILE).strip()
+    except (OSError, UnsafeState) as exc:
         raise DaemonNotRunning(f"cannot read the token {state_dir / TOKEN_FILE}: {exc}") from None
     status, body = _request(
         url, "POST", f"/servers/{name}/{action}", {"Authorization": f"Bearer {token}"}

@@ -31,6 +31,7 @@ from mlx_watchdog.judge.states import BAD_STATES, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
+from mlx_watchdog.record.private import UnsafeState, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
@@ -98,6 +99,7 @@ class Daemon:
         self.config_path = config_path
         # Before anything is read or written: a second daemon on this state folder would
         # settle the first one's restart as interrupted, probe beside it and restart twice.
+        private_dir(config.watchdog.state_dir)  # UnsafeState: refused, as ssh does
         self._lock = hold_lock(config.watchdog.state_dir / LOCK_FILE)
         self.system = system or System()
         self.table = table or ProcessTable()
@@ -562,18 +564,18 @@ class Daemon:
             self.endpoint, _ = start_endpoint(
                 self, settings.listen_host, settings.listen_port, token
             )
-        except OSError as exc:
+        except (OSError, UnsafeState) as exc:
             log.error(
                 "cannot serve the endpoint on %s:%s (%s); probing goes on without it",
                 settings.listen_host,
                 settings.listen_port,
-                exc.strerror or exc,
+                getattr(exc, "strerror", None) or exc,
             )
             return
         host, port = str(self.endpoint.server_address[0]), self.endpoint.server_address[1]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         record = {"pid": os.getpid(), "url": url, "started_at": self.started_at}
-        (self.state_dir / DAEMON_FILE).write_text(json.dumps(record))
+        write_private(self.state_dir / DAEMON_FILE, json.dumps(record))
         log.info("endpoint at %s (/healthz, /status, /metrics)", url)
 
     def _settle(self, timeout: float) -> bool:

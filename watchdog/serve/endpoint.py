@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from mlx_watchdog.record.private import UnsafeState, private_dir, read_private
 from mlx_watchdog.sense.bounded import Cutoff
 
 log = logging.getLogger("mlx_watchdog")
@@ -49,12 +50,15 @@ class Backend(Protocol):
 
 def ensure_token(path: Path) -> str:
     """The token in `path`, created (mode 0600, never world-readable) when it does not exist."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
+    token = read_private(path).strip()  # a planted symlink is refused, never believed
+    if len(token) < 16:
+        raise UnsafeState(f"{path} holds no usable token; remove it and restart the watchdog")
+    return token
 
 
 def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPRequestHandler]:
