@@ -281,7 +281,7 @@ def test_effective_masks_secrets(tmp_path: Path) -> None:
     text = repr(effective(cfg))  # type: ignore[arg-type]
     for secret in ("TokenA", "my-topic", "hunter2", "hf_abc"):
         assert secret not in text
-    assert "slack://***" in text and "/data/hf" in text and "user:***@" in text
+    assert "slack://***" in text and "/data/hf" in text and "http://***@127.0.0.1:8080" in text
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from mlx_watchdog.config.parse import keys, load_config
 from mlx_watchdog.config.schema import (
@@ -64,9 +63,9 @@ def effective(config: Config) -> dict[str, Any]:
     servers = []
     for s in config.servers:
         entry = _section(s)
-        password = urlsplit(s.url).password
-        if password is not None:
-            entry["url"] = s.url.replace(f":{password}@", ":***@")
+        if s.credentials is not None:  # said to be there, never shown
+            scheme, _, rest = s.url.partition("://")
+            entry["url"] = f"{scheme}://***@{rest}"
         if s.env:
             entry["env"] = {k: "***" if _SECRET_ENV.search(k) else v for k, v in s.env.items()}
         entry["probe"] = _section(s.probe)

@@ -209,6 +209,16 @@ class ServerConfig:
     )
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     restart: RestartSettings = field(default_factory=RestartSettings)
+    # `user:password@` (or a bare token) written in `url`, moved out of it: `url` is shown
+    # everywhere (status, probe, logs, alerts, history), this never is.
+    credentials: str | None = field(default=None, repr=False, compare=True)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if "@" in parts.netloc:
+            userinfo, _, hostport = parts.netloc.rpartition("@")
+            object.__setattr__(self, "url", f"{parts.scheme}://{hostport}")
+            object.__setattr__(self, "credentials", userinfo)
 
     @property
     def host(self) -> str:

@@ -7,6 +7,7 @@ open up to `hard_timeout`, because a probe that disconnects is one more abandone
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import functools
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 
@@ -75,8 +77,15 @@ def tls() -> ssl.SSLContext:
 
 
 def auth_headers(server: ServerConfig) -> dict[str, str]:
+    """The API key as a bearer token; else the URL's `user:password@` as basic auth."""
     key = server.api_key()
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    if key:
+        return {"Authorization": f"Bearer {key}"}
+    if server.credentials:
+        user, _, password = server.credentials.partition(":")
+        pair = f"{unquote(user)}:{unquote(password)}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
+    return {}
 
 
 class Probe:
