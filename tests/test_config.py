@@ -313,3 +313,38 @@ def test_written_thresholds_that_conflict_are_named_even_when_not_adjacent() -> 
         str(info.value)
         == 'server "q": probe.slow_after = "2m" must be at most probe.max_busy = "1m"'
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["config", "check"],
+        ["probe"],
+        ["status"],
+        ["history"],
+        ["doctor"],
+        ["run"],
+    ],
+    ids=" ".join,
+)
+def test_a_file_that_is_not_utf8_is_one_clear_error_in_every_command(
+    tmp_path: Path, args: list[str]
+) -> None:
+    from tests.conftest import mlx_watchdog
+
+    path = tmp_path / "c.toml"
+    path.write_bytes(b'[watchdog]\n# caf\xe9, a comment saved as Latin-1\ninterval = "1s"\n')
+    run = mlx_watchdog(*args, "--config", str(path), timeout=60)
+    assert run.returncode == 3, run.stderr
+    assert f"{path}: line 2 is not UTF-8 (byte 0xe9); save the file as UTF-8" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_nul_in_a_path_or_an_argument_names_the_key() -> None:
+    msg = error_of('[watchdog]\nstate_dir = "/tmp/a\\u0000b"')
+    assert 'watchdog.state_dir = "/tmp/a\\u0000b" holds a NUL character' in msg
+    msg = error_of(
+        '[[server]]\nname = "q"\nurl = "http://127.0.0.1:8080"\nmanager = "process"\n'
+        'command = ["mlx_lm.server", "--x\\u0000"]'
+    )
+    assert 'server "q": command' in msg and "holds a NUL character" in msg

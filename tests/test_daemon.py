@@ -334,6 +334,10 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_is_bad(
         proc.send_signal(signal.SIGHUP)
         until(lambda: "reload refused" in log.read_text(), 20, "the bad reload to be refused")
         assert 'watchdog.interval = "soon"' in log.read_text()
+        cfg.write_bytes(b'[watchdog]\n# caf\xe9\ninterval = "1s"\n')  # Latin-1, not UTF-8
+        proc.send_signal(signal.SIGHUP)
+        until(lambda: "is not UTF-8" in log.read_text(), 20, "the second bad reload refused")
+        assert proc.poll() is None and "Traceback" not in log.read_text()
         cfg.write_text(
             toml(
                 {

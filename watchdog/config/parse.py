@@ -59,6 +59,9 @@ def resolve_config_path(
     return default_config_path(env), False
 
 
+MAX_CONFIG = 1 << 20
+
+
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Read and validate the configuration.
 
@@ -76,11 +79,20 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
             )
         return parse_config({}, source=None)
     try:
-        data = tomllib.loads(source.read_text())
+        raw = source.read_bytes()
+        if len(raw) > MAX_CONFIG:
+            raise ConfigError(f"{source}: {len(raw)} bytes is not a config file (at most 1 MiB)")
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{source}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x}); save the file "
+            "as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
     return parse_config(data, source=source)
 
 

@@ -30,8 +30,8 @@ _SIZE_UNITS |= {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
 def show(value: object) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, str):  # as TOML writes it: control characters escaped, never raw
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)
@@ -191,12 +191,17 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_path(value: object, where: str) -> Path:
-    return Path(parse_str(value, where)).expanduser()
+    text = parse_str(value, where)
+    if "\x00" in text:
+        raise ValueError(f"{where} = {show(value)} holds a NUL character; no path can")
+    return Path(text).expanduser()
 
 
 def parse_str_list(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"{where} = {show(value)} must be a list of strings")
+    if any("\x00" in v for v in value):
+        raise ValueError(f"{where} = {show(value)} holds a NUL character; no argument can")
     return tuple(cast(list[str], value))
 
 
