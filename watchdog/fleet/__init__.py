@@ -8,6 +8,8 @@ real watchdog fires the wedge alert in the tests.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,15 +27,74 @@ def dashboard() -> str:
     return (HERE / "dashboard.json").read_text()
 
 
+STATES = ("starting", "healthy", "slow", "busy", "wedged", "dead", "down", "unknown")
+NUMBERS = ("restarts_24h", "incidents_24h", "gave_up_24h", "budget_left")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # ANSI and OSC escapes start with these
+
+
+def clean(value: object, limit: int = 200) -> str:
+    """Text from another machine, made safe to print: no control characters (no escape
+    sequence reaches the terminal), at most `limit` characters."""
+    return _CONTROL.sub("", str(value))[:limit]
+
+
+class Malformed(ValueError):
+    """A status document that is not one; the message says what is wrong."""
+
+
+def normalize(doc: object) -> dict[str, Any]:
+    """A peer's /status as `fleet` uses it, every field checked: a state it does not know is
+    "unknown", an exit code outside 0-3 is 3, a count that is not one is left out."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("watchdog"), dict):
+        raise Malformed('no "watchdog" object')
+    servers = doc.get("servers")
+    if not isinstance(servers, list):
+        raise Malformed('no "servers" list')
+    watchdog = doc["watchdog"]
+    out: list[dict[str, Any]] = []
+    for s in servers[:1000]:
+        if not isinstance(s, dict):
+            raise Malformed("a server entry is not an object")
+        state = s.get("state") if s.get("state") in STATES else "unknown"
+        code = s.get("exit_code")
+        valid = isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 3
+        entry: dict[str, Any] = {
+            "name": clean(s.get("name", "?"), 64),
+            "state": state,
+            "exit_code": code if valid and state != "unknown" else 3,
+            "reason": clean(s.get("reason", "")),
+        }
+        for key in NUMBERS:
+            entry[key] = _count(s.get(key))
+        out.append(entry)
+    return {
+        "watchdog": {
+            "running": watchdog.get("running") is True,
+            "why": clean(watchdog.get("why", "")),
+        },
+        "servers": out,
+    }
+
+
+def _count(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value) if abs(value) < 1e18 else math.inf
+    return value if math.isfinite(number) and 0 <= number < 1e9 else None
+
+
 def gather(urls: Sequence[str], fetch: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each watchdog's status document (its /status), or why it could not be had."""
+    """Each watchdog's status document (its /status, checked), or why it could not be had."""
     docs = []
     for url in urls:
         try:
-            doc = fetch(url)
+            doc = normalize(fetch(url))
+        except Malformed as exc:
+            why = f"answered with a malformed status document ({exc})"
+            doc = {"watchdog": {"running": False, "why": why}, "servers": []}
         except Exception as exc:  # one machine that does not answer must not hide the others
-            doc = {"watchdog": {"running": False, "why": str(exc)}, "servers": []}
-        docs.append({"url": url, **doc})
+            doc = {"watchdog": {"running": False, "why": clean(exc)}, "servers": []}
+        docs.append({"url": clean(url), **doc})
     return docs
 
 
