@@ -111,3 +111,11 @@ def test_a_lying_peer_is_its_own_row_and_never_hides_the_others(
             )
         else:
             assert "fine" in run.stdout and "healthy" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "url", ["https://mac-1.lan:9464", "http://mac-1.lan:9464/status", "http://u:p@mac-1:9464"]
+)
+def test_a_peer_url_it_cannot_read_as_given_is_refused(url: str) -> None:
+    run = mlx_watchdog("fleet", url)
+    assert run.returncode == 3 and "give a watchdog's endpoint as http://host:port" in run.stderr

@@ -50,6 +50,16 @@ def fleet(urls: tuple[str, ...], as_json: bool) -> None:
     from mlx_watchdog import fleet as core
     from mlx_watchdog.serve.client import remote_status
 
+    from urllib.parse import urlsplit
+
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme != "http" or parts.path.strip("/") or "@" in parts.netloc:
+            # Refused rather than read wrongly: the bare-socket client speaks plain HTTP only.
+            raise click.UsageError(
+                f"{u}: give a watchdog's endpoint as http://host:port (https, a path or "
+                "credentials are not supported)"
+            )
     docs = core.gather([u.rstrip("/") for u in urls], remote_status)
     table = core.rows(docs)
     if as_json:
