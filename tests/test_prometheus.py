@@ -40,6 +40,28 @@ def test_the_rules_pass_promtool_check(tmp_path: Path) -> None:
     assert "SUCCESS: 9 rules found" in done.stdout
 
 
+@needs_promtool
+@pytest.mark.parametrize("base", ['https://x/a"b', "C:\\docs\\README.md", "it's here"])
+def test_a_runbook_base_with_quotes_or_backslashes_keeps_the_rules_valid(
+    tmp_path: Path, base: str
+) -> None:
+    text = fleet.rules(base)
+    doc = yaml.safe_load(text)
+    urls = [
+        r["annotations"]["runbook_url"] for g in doc["groups"] for r in g["rules"] if "alert" in r
+    ]
+    assert urls and all(u.startswith(base + "#") for u in urls)
+    path = tmp_path / "rules.yml"
+    path.write_text(text)
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_runbook_base_with_a_control_character_is_refused() -> None:
+    run = mlx_watchdog("prometheus", "rules", "--runbook-base", "a\x1bb")
+    assert run.returncode == 3 and "control character" in run.stderr
+
+
 def alerts() -> dict[str, dict[str, Any]]:
     doc = yaml.safe_load(fleet.rules(BASE))
     return {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}

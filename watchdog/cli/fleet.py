@@ -21,7 +21,11 @@ def prometheus_rules(runbook_base: str) -> None:
     """Alert and recording rules: wedged, a person needed, restarts, a silent watchdog, ..."""
     from mlx_watchdog import fleet
 
-    click.echo(fleet.rules(runbook_base), nl=False)
+    try:
+        text = fleet.rules(runbook_base)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(text, nl=False)
 
 
 @prometheus.command("dashboard")

@@ -20,7 +20,12 @@ RUNBOOK = "README.md"  # the README's sections; --runbook-base points them at yo
 
 def rules(runbook_base: str = RUNBOOK) -> str:
     """The rules file, each runbook_url a section of the README at `runbook_base`."""
-    return (HERE / "rules.yml").read_text().replace("@RUNBOOK@", runbook_base.rstrip("/"))
+    base = runbook_base.rstrip("/")
+    if _CONTROL.search(base):
+        raise ValueError(f"--runbook-base {base!r} holds a control character")
+    # It lands inside YAML double quotes: escaped as YAML reads them, the file stays valid.
+    quoted = base.replace("\\", "\\\\").replace('"', '\\"')
+    return (HERE / "rules.yml").read_text().replace("@RUNBOOK@", quoted)
 
 
 def dashboard() -> str:
