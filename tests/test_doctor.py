@@ -213,3 +213,18 @@ def test_on_a_mac_doctor_names_what_launchd_jobs_trip_over(tmp_path: Path) -> No
 
     calm = parse_config({"server": [{"url": "http://127.0.0.1:8080"}]})
     assert list(mac_findings(calm, home, Headless(), python="/opt/venv/bin/python")) == []
+
+
+def test_a_state_folder_others_can_write_is_a_problem_with_its_fix(tmp_path: Path) -> None:
+    config = setup(tmp_path, "http://127.0.0.1:1", calibrated=False)
+    state = config.watchdog.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o700)
+    fine = [f for f in doctor(config, tmp_path) if f.what == "state"]
+    assert [f.level for f in fine] == ["ok"]
+    state.chmod(0o777)
+    try:
+        (found,) = [f for f in doctor(config, tmp_path) if f.what == "state"]
+    finally:
+        state.chmod(0o700)
+    assert found.level == "problem" and f"run: chmod 700 {state}" in found.detail

@@ -18,6 +18,7 @@ from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, l
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.judge.advice import tokens_label
 from mlx_watchdog.judge.check import LeftProbes, left_probes
+from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.sense.evidence import is_local_host
 from mlx_watchdog.sense.load import LoadReader
@@ -61,6 +62,7 @@ def run_doctor(
     if service.default_kind() == "launchd":
         yield from mac_findings(config, home, system, python=service.interpreter())
     yield _endpoint(config)
+    yield _state_dir(config.watchdog.state_dir)
     store = open_history(config.watchdog.state_dir, create=False)
     try:
         advice: dict[str, Advice] = {}
@@ -70,6 +72,17 @@ def run_doctor(
             yield from litellm_findings(litellm, config, advice)
     finally:
         store.close()
+
+
+def _state_dir(path: Path) -> Finding:
+    """The folder `run` refuses when others can write it (its token decides who may restart)."""
+    if not path.exists():
+        return Finding("ok", "state", f"{path} does not exist yet; run creates it, mode 0700")
+    try:
+        check_private(path)
+    except UnsafeState as exc:
+        return Finding("problem", "state", str(exc), "run refuses it until that is fixed")
+    return Finding("ok", "state", f"{path} is this user's alone")
 
 
 def _service(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:

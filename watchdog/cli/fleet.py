@@ -50,11 +50,10 @@ def fleet(urls: tuple[str, ...], as_json: bool) -> None:
     """
     import json
     import sys
+    from urllib.parse import urlsplit
 
     from mlx_watchdog import fleet as core
     from mlx_watchdog.serve.client import remote_status
-
-    from urllib.parse import urlsplit
 
     for u in urls:
         parts = urlsplit(u)

@@ -17,6 +17,11 @@ class UnsafeState(Exception):
 def private_dir(path: Path) -> None:
     """Create `path` (mode 0700) or check it: owned by this user, writable by no one else."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_private(path)
+
+
+def check_private(path: Path) -> None:
+    """UnsafeState unless `path` is a folder of this user's that no one else may write."""
     st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeState(f"state_dir {path} is not a folder")
