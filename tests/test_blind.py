@@ -99,6 +99,7 @@ def test_a_failing_tick_is_blindness_said_once_and_ended_by_a_fresh_verdict(
             daemon.look_at_sight()
         doc = daemon.status()["servers"][0]
         assert doc["state"] == "unknown" and doc["blind"] and not doc["serving"]
+        assert doc["verdict_age_s"] == pytest.approx(3 * limit / 2, abs=0.2)
         assert doc["exit_code"] == 3
         assert doc["reason"].startswith("no fresh verdict (watchdog blind for ")
         assert "RuntimeError: a fault no one foresaw" in doc["reason"]

@@ -314,6 +314,7 @@ class Daemon:
                     draining=w.draining,
                     restarting=w.restarting,
                     blind=blind is not None,
+                    age=None if w.verdict_mono is None else mono - w.verdict_mono,
                 )
             )
         return {

@@ -53,6 +53,7 @@ def describe(
     draining: bool = False,
     restarting: bool = False,
     blind: bool = False,
+    age: float | None = None,
 ) -> dict[str, Any]:
     ttfts = sorted(held.ttfts)
     budget = decide(server.restart, held.restarts, now)
@@ -71,6 +72,7 @@ def describe(
         "draining": draining,
         "restarting": restarting,
         "blind": blind,  # the verdict is too old to say anything about the server now
+        "verdict_age_s": None if age is None else round(age, 1),
         "needs_person": held.needs_person,
         "last_token_at": held.last_token_at,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
