@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Callable, Iterator
@@ -445,3 +446,69 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
         mode = stat.S_IMODE((state / name).stat().st_mode)
         assert mode == 0o600, (name, oct(mode))
     t.stop()
+
+
+def _lan_address() -> str:
+    import socket
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return str(a.address)
+    pytest.skip("this machine has no address beyond loopback")
+
+
+@pytest.mark.parametrize("opened", [[], ["/metrics"]])
+def test_beyond_loopback_status_and_metrics_need_the_token(
+    tmp_path: Path,
+    bad_server: Callable[..., Running],
+    run_daemon: Callable[[object], DaemonThread],
+    opened: list[str],
+) -> None:
+    host = _lan_address()
+    config = parse_config(
+        {
+            "watchdog": {
+                "interval": "200ms",
+                "listen": f"{host}:0",
+                "state_dir": str(tmp_path / "state"),
+                "open_routes": opened,
+            },
+            "server": [{"name": "s", "url": bad_server("ok").url, "match": "badserver"}],
+        }
+    )
+    assert any("/status, /metrics and the actions need the token" in w for w in config.warnings)
+    t = run_daemon(Daemon(config))
+    e = Endpoint(t)
+    until(lambda: t.daemon.watches["s"].verdict is not None, 20, "a verdict")
+    bearer = {"Authorization": f"Bearer {e.token}"}
+    assert e.get("/healthz").status_code == 200  # balancers need no token
+    assert e.get("/status").status_code == 401
+    assert e.get("/status", headers=bearer).status_code == 200
+    assert e.get("/metrics").status_code == (200 if opened else 401)
+    assert e.get("/metrics", headers=bearer).status_code == 200
+    assert e.get("/status", headers={"Authorization": "Bearer nope"}).status_code == 401
+    # this user's `status` sends its daemon's token itself
+    cfg = tmp_path / "w.toml"
+    from tests.test_daemon import toml
+
+    cfg.write_text(
+        toml(
+            {
+                "watchdog": {"state_dir": str(tmp_path / "state")},
+                "server": [{"name": "s", "url": "http://127.0.0.1:1"}],
+            }
+        )
+    )
+    live = mlx_watchdog("status", "--config", str(cfg), "--json")
+    assert json.loads(live.stdout)["watchdog"]["running"] is True, live.stderr
+
+
+def test_open_routes_names_only_guarded_routes() -> None:
+    from mlx_watchdog.config import ConfigError
+
+    wanted = 'watchdog.open_routes = ["/healthz"]: "/healthz" is not a route'
+    with pytest.raises(ConfigError, match=re.escape(wanted)):
+        parse_config({"watchdog": {"open_routes": ["/healthz"]}})

@@ -120,10 +120,11 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
         where = f"{source}: " if source else ""
         raise ConfigError(where + ("\n" + where).join(errors))
     if watchdog.listen_port is not None and not is_loopback(watchdog.listen_host):
+        opened = ", ".join(watchdog.open_routes)
         warnings.append(
             f'watchdog.listen = "{watchdog.listen_host}:{watchdog.listen_port}" is reachable from '
-            "other machines: /healthz, /status and /metrics answer anyone there (the POST "
-            "actions still need the token)"
+            "other machines: /healthz answers anyone there; /status, /metrics and the actions "
+            "need the token" + (f" (but open_routes opens {opened})" if opened else "")
         )
     return Config(
         watchdog=watchdog,

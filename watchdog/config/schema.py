@@ -29,6 +29,7 @@ from mlx_watchdog.config.values import (
     parse_kind,
     parse_manager,
     parse_name,
+    parse_open_routes,
     parse_path,
     parse_size,
     parse_str,
@@ -258,6 +259,12 @@ class WatchdogSettings:
     # `listen` in the file: "host:port" or "off" (listen_port None); port 0 takes a free one.
     listen_host: str = "127.0.0.1"
     listen_port: int | None = 9464
+    open_routes: tuple[str, ...] = setting(
+        (),
+        parse=parse_open_routes,
+        doc="beyond loopback, these answer without the token too (/healthz always does)",
+        example=["/metrics"],
+    )
     state_dir: Path = setting(
         parse=parse_path,
         default_factory=default_state_dir,

@@ -34,6 +34,8 @@ def show(value: object) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value) + "]"
     return repr(value)
 
 
@@ -247,3 +249,17 @@ def parse_domain(value: object, where: str) -> str:
             'or "system"'
         )
     return text
+
+
+GUARDED_ROUTES = ("/status", "/metrics")
+
+
+def parse_open_routes(value: object, where: str) -> tuple[str, ...]:
+    routes = parse_str_list(value, where) if value != [] else ()
+    for route in routes:
+        if route not in GUARDED_ROUTES:
+            raise ValueError(
+                f"{where} = {show(value)}: {show(route)} is not a route that needs the token; "
+                f"use {' or '.join(show(r) for r in GUARDED_ROUTES)}"
+            )
+    return routes

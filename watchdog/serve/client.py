@@ -96,12 +96,18 @@ def _request(
 
 
 def live_status(state_dir: Path) -> dict[str, Any]:
-    return remote_status(daemon_url(state_dir))
+    url = daemon_url(state_dir)
+    try:  # beyond loopback /status needs it; this user's own daemon's token is readable
+        token: str | None = read_private(state_dir / TOKEN_FILE).strip()
+    except (OSError, UnsafeState):
+        token = None
+    return remote_status(url, token)
 
 
-def remote_status(url: str) -> dict[str, Any]:
+def remote_status(url: str, token: str | None = None) -> dict[str, Any]:
     """The status document of the watchdog whose endpoint is at `url` (http://host:port)."""
-    status, body = _request(url, "GET", "/status")
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    status, body = _request(url, "GET", "/status", headers)
     try:
         if status != 200:
             raise ValueError(f"HTTP {status}")

@@ -563,7 +563,7 @@ class Daemon:
         try:
             token = ensure_token(self.state_dir / TOKEN_FILE)
             self.endpoint, _ = start_endpoint(
-                self, settings.listen_host, settings.listen_port, token
+                self, settings.listen_host, settings.listen_port, token, settings.open_routes
             )
         except (OSError, UnsafeState) as exc:
             log.error(

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from mlx_watchdog.config.values import GUARDED_ROUTES
 from mlx_watchdog.record.private import UnsafeState, private_dir, read_private
 from mlx_watchdog.sense.bounded import Cutoff
 
@@ -61,7 +62,11 @@ def ensure_token(path: Path) -> str:
     return token
 
 
-def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPRequestHandler]:
+def make_handler(
+    backend: Backend, token: str, guarded: tuple[str, ...] = ()
+) -> type[http.server.BaseHTTPRequestHandler]:
+    """`guarded`: the GET routes that need the token too (beyond loopback)."""
+
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "mlx-watchdog"
         protocol_version = "HTTP/1.1"
@@ -84,6 +89,10 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
             parts = path.strip("/").split("/")
+            if path in guarded and not self._authorized():
+                self.close_connection = True
+                self._error(401, f"{path} needs the bearer token here (the api-token file)")
+                return
             if path == "/status":
                 self._json(200, backend.status())
             elif path == "/metrics":
@@ -106,8 +115,7 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
                     self._error(404, f"no such path: /{'/'.join(parts)}")
                 return
             # Who asks comes before what they send: a body is read only for the token holder.
-            given = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            if not self._authorized():
                 self.close_connection = True
                 self._error(401, "a bearer token is needed (the api-token file in state_dir)")
                 return
@@ -128,6 +136,10 @@ def make_handler(backend: Backend, token: str) -> type[http.server.BaseHTTPReque
             self._error(405, "use GET or POST", allow="GET, POST")
 
         do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+
+        def _authorized(self) -> bool:
+            given = self.headers.get("Authorization", "")
+            return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
         def _read_body(self) -> tuple[int, str] | None:
             """Read the (small, unused) body an action may carry; why not, as (code, message)."""
@@ -241,12 +253,16 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 def start(
-    backend: Backend, host: str, port: int, token: str
+    backend: Backend, host: str, port: int, token: str, open_routes: tuple[str, ...] = ()
 ) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
-    """Serve in a background thread; OSError when the address cannot be bound."""
+    """Serve in a background thread; OSError when the address cannot be bound. Beyond
+    loopback, /status and /metrics need the token unless named in `open_routes`; /healthz is
+    always open (load balancers)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("Server", (_Server,), {"address_family": family})
-    server = server_class((host, port), make_handler(backend, token))
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    guarded = () if loopback else tuple(r for r in GUARDED_ROUTES if r not in open_routes)
+    server = server_class((host, port), make_handler(backend, token, guarded))
     thread = threading.Thread(target=server.serve_forever, name="endpoint", daemon=True)
     thread.start()
     return server, thread
