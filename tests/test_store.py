@@ -135,3 +135,42 @@ def test_probe_retention_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         store.record_probe("a", float(i), "healthy", "ok", {"ttft_s": 0.04})
     kept = store.probes("a", 0.0)
     assert 100 <= len(kept) <= 600 and kept[-1].at == 999.0
+
+
+def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
+    tmp_path: Path,
+) -> None:
+    """`actions = 'nope'` in one incident row, garbage in an event's and a probe's JSON: the
+    daemon starts with that history, `status` and `history` print, the row reads as empty."""
+    import json as _json
+
+    from mlx_watchdog.config import parse_config
+    from mlx_watchdog.serve.daemon import Daemon
+    from tests.conftest import mlx_watchdog
+    from tests.test_daemon import toml
+
+    state = tmp_path / "state"
+    store = Store(state / "history.db")
+    iid = store.open_incident("s", 100.0, "wedged", "wedged: x", {"pid": 1})
+    store.add_event("s", 100.0, "detected", "x", {"n": 1})
+    store.record_probe("s", 100.0, "wedged", "wedged: x", {"pid": 1})
+    store.close()
+    with sqlite3.connect(state / "history.db") as db:
+        db.execute("UPDATE incidents SET actions = 'nope', evidence = '[[[' WHERE id = ?", (iid,))
+        db.execute("UPDATE events SET data = '{\"a\":' ")
+        db.execute("UPDATE probes SET evidence = 'NaN-ish'")
+    raw = {
+        "watchdog": {"state_dir": str(state), "listen": "off"},
+        "server": [{"name": "s", "url": "http://127.0.0.1:1"}],
+    }
+    daemon = Daemon(parse_config(raw))  # reads the open incident, events and probes back
+    assert daemon.watches["s"].incident is not None
+    daemon.store.close()
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(toml(raw))
+    for args in (["status", "--json"], ["history", "--json"], ["history"], ["status"]):
+        run = mlx_watchdog(*args, "--config", str(cfg))
+        assert "Traceback" not in run.stderr, (args, run.stderr)
+        assert run.returncode in (0, 3), (args, run.stderr)
+    (incident,) = _json.loads(mlx_watchdog("history", "--json", "--config", str(cfg)).stdout)
+    assert incident["actions"] == [] and incident["evidence"] == {}

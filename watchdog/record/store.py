@@ -392,7 +392,8 @@ class Store:
         rows = self._rows(
             "SELECT doc FROM calibrations WHERE server = ? ORDER BY at DESC LIMIT 1", (server,)
         )
-        return json.loads(rows[0][0]) if rows else None
+        doc: dict[str, Any] = _doc(rows[0][0], {}) if rows else {}
+        return doc or None
 
     # -- events -----------------------------------------------------------------------------
 
@@ -415,9 +416,7 @@ class Store:
             sql, args = sql + " AND kind = ?", [*args, kind]
         rows = self._rows(sql + " ORDER BY id", args)
         return [
-            EventRecord(
-                r["id"], r["server"], r["at"], r["kind"], r["message"], json.loads(r["data"])
-            )
+            EventRecord(r["id"], r["server"], r["at"], r["kind"], r["message"], _doc(r["data"], {}))
             for r in rows
         ]
 
@@ -472,8 +471,19 @@ def _probe(row: sqlite3.Row) -> ProbeRecord:
         reason=row["reason"],
         ttft_s=row["ttft_s"],
         waited_s=row["waited_s"],
-        evidence=json.loads(row["evidence"]),
+        evidence=_doc(row["evidence"], {}),
     )
+
+
+def _doc(text: object, default: T) -> T:
+    """A JSON column as written, or `default` when the row holds something else (edited by
+    hand, or by another program): one bad row must not keep the daemon, `status` or `history`
+    from working."""
+    try:
+        value = json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        return default
+    return value if isinstance(value, type(default)) else default
 
 
 def _is_corrupt(exc: BaseException) -> bool:
@@ -490,8 +500,8 @@ def _incident(row: sqlite3.Row) -> Incident:
         closed_at=row["closed_at"],
         state=row["state"],
         reason=row["reason"],
-        evidence=json.loads(row["evidence"]),
-        actions=json.loads(row["actions"]),
+        evidence=_doc(row["evidence"], {}),
+        actions=_doc(row["actions"], []),
         outage_s=row["outage_s"],
         recover_s=row["recover_s"],
         outcome=row["outcome"],
