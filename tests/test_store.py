@@ -137,6 +137,23 @@ def test_probe_retention_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert 100 <= len(kept) <= 600 and kept[-1].at == 999.0
 
 
+def test_retention_holds_across_many_short_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlx_watchdog.record.store as mod
+
+    monkeypatch.setattr(mod, "PROBES_KEPT", 100)
+    for run in range(40):  # 40 processes of 49 probes each: none reaches PRUNE_EVERY alone
+        store = Store(tmp_path / "h.db")
+        for i in range(49):
+            store.record_probe("a", float(run * 49 + i), "healthy", "ok", {})
+        store.close()
+    store = Store(tmp_path / "h.db")
+    kept = store.probes("a", 0.0)
+    store.close()
+    assert len(kept) <= 100 + 49 and kept[-1].at == 40 * 49 - 1
+
+
 def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
     tmp_path: Path,
 ) -> None:

@@ -275,7 +275,9 @@ class Store:
     ) -> None:
         written = self._writes.get(server, 0) + 1
         prune = None
-        if written >= PRUNE_EVERY:
+        # The first write of each server in a process prunes too: runs shorter than
+        # PRUNE_EVERY probes (a `probe` command, a daemon restarted often) must not add up.
+        if written >= PRUNE_EVERY or server not in self._writes:
             prune = (
                 "DELETE FROM probes WHERE server = ? AND id <= "
                 "(SELECT id FROM probes WHERE server = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
