@@ -19,7 +19,9 @@ class Decision:
 
 def decide(settings: RestartSettings, restarts: Sequence[float], now: float) -> Decision:
     """May the server be restarted at `now`, given when it was restarted before?"""
-    recent = sorted(t for t in restarts if t > now - settings.window)
+    # A restart recorded after `now` means the clock was stepped back since: it counts as
+    # made now, so the budget still counts it and the backoff waits one pause, not the step.
+    recent = sorted(min(t, now) for t in restarts if t > now - settings.window)
     used = len(recent)
     left = max(0, settings.max_restarts - used)
     if used >= settings.max_restarts:
