@@ -19,13 +19,14 @@ class Decision:
 
 def decide(settings: RestartSettings, restarts: Sequence[float], now: float) -> Decision:
     """May the server be restarted at `now`, given when it was restarted before?"""
-    # A restart recorded after `now` means the clock was stepped back since: it counts as
-    # made now, so the budget still counts it and the backoff waits one pause, not the step.
-    recent = sorted(min(t, now) for t in restarts if t > now - settings.window)
+    recent = sorted(t for t in restarts if t > now - settings.window)
     used = len(recent)
     left = max(0, settings.max_restarts - used)
     if used >= settings.max_restarts:
         return Decision(False, True, None, used, 0)
+    # A restart recorded after `now` means the clock was stepped back since: it still counts
+    # against the budget, but paces nothing (its pause would last as long as the step).
+    recent = [t for t in recent if t <= now]
     if recent:
         # 1x, 2x, 4x ... the backoff after the 1st, 2nd, 3rd restart in the window.
         not_before = recent[-1] + settings.backoff * 2 ** (used - 1)
