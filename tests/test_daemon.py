@@ -476,3 +476,45 @@ def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
     assert "--delay" in " ".join(psutil.Process(w.manager.pid()).cmdline())
     t.stop()
     assert most[0] == 1, "two ticks of one server ran at once"
+
+
+def test_a_killed_daemons_probe_is_no_client_of_the_next_one(
+    tmp_path: Path, hanging: BadByPidfile
+) -> None:
+    """kill -9 while its probe waits on a stuck server: the kernel closes the socket and the
+    server holds it in CLOSE_WAIT. The next daemon must not count it as a client that left."""
+    cfg = tmp_path / "w.toml"
+    raw = command_config(tmp_path, hanging)
+    raw["server"][0]["manager"] = "none"  # type: ignore[index]
+    raw["server"][0]["probe"] = {**FAST_PROBE, "wedge_after": "30s", "max_busy": "40s"}  # type: ignore[index]
+    cfg.write_text(toml(raw))
+    log = tmp_path / "daemon.log"
+    first = daemon_process(cfg, log)
+    try:
+        until(
+            lambda: any(
+                c.status == "ESTABLISHED"
+                for c in psutil.Process(hanging.pid()).net_connections()
+                if c.raddr
+            ),
+            30,
+            "the first daemon's probe to wait on the server",
+        )
+    finally:
+        first.kill()
+        first.wait()
+    until(
+        lambda: any(
+            c.status == "CLOSE_WAIT" for c in psutil.Process(hanging.pid()).net_connections()
+        ),
+        10,
+        "its probe left in CLOSE_WAIT",
+    )
+    second = Daemon(parse_config(raw))
+    try:
+        sample = second.watches["bad"].checker.observe(hanging.pid())
+        assert sample.process.abandoned == 0, sample.process.clients
+        assert second.watches["bad"].checker.inspector.gave_up == 0
+    finally:
+        second.watches["bad"].checker.abort()
+        second.store.close()

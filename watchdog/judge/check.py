@@ -19,7 +19,7 @@ from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_reque
 from mlx_watchdog.sense.evidence import Address, Inspector, ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.sense.load import LoadReader
-from mlx_watchdog.sense.own import OwnConnections
+from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding, check_models
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
@@ -96,7 +96,7 @@ class LeftProbes:
             now = self.clock()
             return [
                 (str(ip), int(port), float(until))
-                for ip, port, until in raw[:1000]
+                for ip, port, until in raw[-1000:]
                 if float(until) > now
             ]
         except (OSError, ValueError, TypeError, RecursionError):
@@ -124,11 +124,15 @@ class Checker:
         clock: Callable[[], float] = time.time,
         wall: Callable[[], float] = time.time,
         short_lived: bool = False,
+        announce_probe: bool = False,
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
         self.clock = clock
         self.short_lived = short_lived  # announce each connection: the process may exit first
+        # The daemon announces its probe's connection only: if it dies (kill -9), the next one
+        # must not take the probe it left on the server for a client that gave up.
+        self.announce_probe = announce_probe
         self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
         self.own = OwnConnections(server.probe.hard_timeout, clock)
         self.load = LoadReader(server, clock=clock, own=self.own)
@@ -140,7 +144,9 @@ class Checker:
     def start(self) -> Probe:
         """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
         if self.probe is None:
-            self.probe = Probe(self.server, clock=self.clock, on_connect=self.connected).start()
+            self.probe = Probe(
+                self.server, clock=self.clock, on_connect=self._probe_connected
+            ).start()
             used: list[tuple[str, int]] = []
 
             def note(address: tuple[str, int]) -> None:
@@ -169,6 +175,11 @@ class Checker:
         if moved:
             self.load.forget()
 
+    def _probe_connected(self, address: tuple[str, int]) -> None:
+        self.connected(address)
+        if self.announce_probe and not self.short_lived:
+            self.left.add(address, keep_for=self.server.probe.hard_timeout)
+
     def connected(self, address: tuple[str, int]) -> None:
         """One of this watchdog's connections to the server: never a client."""
         self.own.connected(address)
@@ -187,6 +198,8 @@ class Checker:
             raise OwnFault(f"{self.server.name}: {snap.detail} ({self.server.api_key_file})")
         if snap.done and probe.local_address and snap.finding not in UNANSWERED:
             self.own.answered(probe.local_address)
+            if self.announce_probe and self.probe is probe:
+                self.left.add(probe.local_address, keep_for=ANSWERED_GRACE)
         process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
         load = self.load.read()
         fans_out = self.server.profile.fans_out

@@ -141,7 +141,12 @@ class Daemon:
             server=server,
             manager=make_manager(server, self.system, self.state_dir),
             checker=Checker(
-                server, left=self.left, table=self.table, clock=self.monotonic, wall=self.clock
+                server,
+                left=self.left,
+                table=self.table,
+                clock=self.monotonic,
+                wall=self.clock,
+                announce_probe=True,
             ),
         )
         w.watched_since = self.monotonic()
