@@ -518,3 +518,49 @@ def test_a_killed_daemons_probe_is_no_client_of_the_next_one(
     finally:
         second.watches["bad"].checker.abort()
         second.store.close()
+
+
+def test_a_bad_config_under_a_service_waits_for_the_fix_instead_of_a_respawn_loop(
+    tmp_path: Path, bad_server: Callable[..., object]
+) -> None:
+    """The installed services run `run --wait-for-config`: a bad file at start is logged once
+    and waited on; fixed, the watchdog starts by itself. By hand, `run` still exits 3."""
+    srv = bad_server("ok")
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('[watchdog]\ninterval = "soon"\n')
+    by_hand = subprocess.run(
+        [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+    assert by_hand.returncode == 3 and 'watchdog.interval = "soon"' in by_hand.stderr
+    log = tmp_path / "daemon.log"
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlx_watchdog",
+                "run",
+                "--wait-for-config",
+                "--config",
+                str(cfg),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        until(lambda: "waiting for the file to be fixed" in log.read_text(), 20, "the wait")
+        time.sleep(5)  # read again and again meanwhile, said once
+        assert proc.poll() is None and log.read_text().count("config error") == 1
+        state = str(tmp_path / "state")
+        good = {"watchdog": {"interval": "200ms", "listen": "off", "state_dir": state}}
+        cfg.write_text(toml({**good, "server": [{"name": "s", "url": srv.url}]}))  # type: ignore[attr-defined]
+        until(lambda: "s healthy" in log.read_text(), 30, "the fixed config to start it")
+        assert "the config is good now; starting" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

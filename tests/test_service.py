@@ -70,6 +70,7 @@ def test_watchdog_plist_has_its_keys_and_absolute_paths(home: Path) -> None:
         "-m",
         "mlx_watchdog",
         "run",
+        "--wait-for-config",  # a bad file is waited on, not a respawn loop
         "--config",
         str(config),
     ]

@@ -22,6 +22,7 @@ from mlx_watchdog.cli.app import (
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
+    from mlx_watchdog.config import Config
     from mlx_watchdog.judge.check import CheckResult
 
 
@@ -142,7 +143,14 @@ def _secs(value: float | None) -> str:
 
 @click.command()
 @config_option
-def run(config_path: Path | None) -> None:
+@click.option(
+    "--wait-for-config",
+    is_flag=True,
+    help="With a config file that is bad at start, log why and wait until it is fixed instead "
+    "of exiting 3 (the installed services run with it: a service manager would restart a "
+    "watchdog that exits in a loop, and show the loop, not the reason).",
+)
+def run(config_path: Path | None, wait_for_config: bool) -> None:
     """Run the watchdog in the foreground, as launchd and systemd start it.
 
     SIGTERM or SIGINT stop it (a managed process server is stopped too); SIGHUP reloads the
@@ -154,7 +162,7 @@ def run(config_path: Path | None) -> None:
     from mlx_watchdog.serve.daemon import Daemon
 
     setup_logging()
-    config = load_or_exit(config_path)
+    config = _wait_for_config(config_path) if wait_for_config else load_or_exit(config_path)
     from mlx_watchdog.record.private import UnsafeState
     from mlx_watchdog.serve.daemon import AlreadyRunning
 
@@ -164,6 +172,39 @@ def run(config_path: Path | None) -> None:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
     sys.exit(daemon.run())
+
+
+def _wait_for_config(config_path: Path | None) -> Config:
+    """The config, once it is good: each new problem logged once, the file read every 2 s.
+    SIGTERM or SIGINT meanwhile end the wait (exit 0: a stop asked for, not a failure)."""
+    import logging
+    import signal
+    import threading
+
+    from mlx_watchdog.config import ConfigError, load_config
+
+    log = logging.getLogger("mlx_watchdog")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    said = None
+    while True:
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            if str(exc) != said:
+                said = str(exc)
+                log.error("config error; waiting for the file to be fixed: %s", exc)
+            if stop.wait(2.0):
+                sys.exit(0)
+            continue
+        if said is not None:
+            log.info("the config is good now; starting")
+        for warning in config.warnings:
+            log.warning("%s", warning)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return config
 
 
 def setup_logging() -> None:
