@@ -202,3 +202,40 @@ def test_kill_9_of_the_owned_server_is_served_again_at_once(
     assert [(r.trigger, r.outcome) for r in restarts] == [("crashed", "recovered")]
     (incident,) = t.daemon.store.incidents(0.0)
     assert incident.outcome == "restarted" and incident.state == "down"
+
+
+def test_a_drill_beside_the_daemon_sees_its_restart_and_asks_for_none(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """The drill's abandoned prompt wedges the serial server; the daemon (wedge_after 4 s)
+    restarts it. The drill must report that restart, wait for the new server, and not ask for
+    a second one."""
+    config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(to_toml(effective(config)))
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    drill = mlx_watchdog(
+        "drill",
+        "--config",
+        str(config_file),
+        "--server",
+        "tiny",
+        "--prompt",
+        "24k",
+        "--give-up-after",
+        "2s",
+        "--yes",
+        "--json",
+        timeout=600,
+    )
+    doc = json.loads(drill.stdout)
+    until(lambda: state(t) == "healthy", 120, "the daemon's restart to end")
+    restarts = t.daemon.store.restarts("tiny", 0.0)
+    assert [(r.trigger, r.outcome) for r in restarts] == [("wedged", "recovered")], drill.stderr
+    assert doc["restarted"] is False and doc["replaced_after_s"] is not None, doc
+    assert doc["served_after_s"] is not None and drill.returncode == 0, drill.stderr
+    assert "asking the watchdog to restart" not in drill.stderr

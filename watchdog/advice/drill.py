@@ -20,6 +20,7 @@ import httpx
 from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.check import Checker, LeftProbes
+from mlx_watchdog.sense.evidence import Inspector
 from mlx_watchdog.sense.probe import OK, Probe, auth_headers
 
 
@@ -44,13 +45,26 @@ class DrillResult:
     abandoned_seen: int
     cpu_percent_max: float | None
     models_status: int | None  # what /v1/models answered during the stall
-    restarted: bool
+    restarted: bool  # the drill asked the watchdog for a restart
     finding: str
+    replaced_after_s: float | None = None  # someone else (the daemon) replaced the server then
+    served_after_s: float | None = None  # and the replacement served a token this long after
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
+        if self.replaced_after_s is not None:
+            back = (
+                f"; it served again {self.served_after_s:.1f} s after the drill gave up"
+                if self.served_after_s is not None
+                else "; it has not served again yet"
+            )
+            return (
+                f"{self.server} did not answer a tiny request after one client gave up "
+                f"mid-prefill, and was restarted (by the watchdog, not the drill) "
+                f"{self.replaced_after_s:.1f} s later{back}. The drill asked for no restart."
+            )
         if self.stall_s is None:
             return (
                 f"{self.server} did not answer a tiny request for {self.tiny_waited_s:.0f} s "
@@ -105,7 +119,7 @@ def run_drill(
     checker = Checker(
         replace(server, probe=settings), left=left, clock=clock, short_lived=left is not None
     )
-    checker.inspector.sample()
+    before = checker.inspector.sample().pid
     tiny = checker.start()
     models_status = checker.models.status if checker.models else None
     say("a tiny request waits for its first token ...")
@@ -120,7 +134,15 @@ def run_drill(
     snap = tiny.snapshot()
     answered = snap.finding == OK and snap.first_token_at is not None
     restarted = False
-    if not answered:
+    replaced_after = served_after = None
+    now_pid = Inspector(server, clock=clock).sample().pid  # a fresh look: the listener now
+    if not answered and before is not None and now_pid != before:
+        # A running daemon restarted it meanwhile: say so, and never ask for a second one.
+        replaced_after = clock() - gave_up
+        say(f"the server was restarted meanwhile (PID {before} -> {now_pid}); waiting for it")
+        served_after = _served_again(server, settings, gave_up + max_wait, clock)
+        served_after = None if served_after is None else served_after - gave_up
+    elif not answered and clock() - gave_up >= max_wait:
         tiny.abort()
         say(f"no answer within {max_wait:g} s; asking the watchdog to restart the server")
         restarted = restart(server.name)
@@ -138,7 +160,23 @@ def run_drill(
         models_status=models_status,
         restarted=restarted,
         finding=snap.finding or "waiting",
+        replaced_after_s=None if replaced_after is None else round(replaced_after, 2),
+        served_after_s=None if served_after is None else round(served_after, 2),
     )
+
+
+def _served_again(
+    server: ServerConfig, settings: Any, until: float, clock: Callable[[], float]
+) -> float | None:
+    """When a tiny request to a server being restarted gets its first token; None by `until`.
+    Refused or reset while the new process starts: asked again."""
+    while clock() < until:
+        left = until - clock()
+        snap = Probe(replace(server, probe=replace(settings, hard_timeout=left)), clock=clock).run()
+        if snap.finding == OK and snap.first_token_at is not None:
+            return snap.first_token_at
+        time.sleep(0.5)
+    return None
 
 
 def _abandon(server: ServerConfig, text: str, timeout: float) -> None:

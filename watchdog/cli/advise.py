@@ -243,7 +243,7 @@ def drill(
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         out.print(escape(result.summary()), soft_wrap=True)
-    sys.exit(0 if result.stall_s is not None else 1)
+    sys.exit(0 if result.stall_s is not None or result.served_after_s is not None else 1)
 
 
 @click.command()
