@@ -268,3 +268,22 @@ def test_a_unit_that_keeps_failing_stops_at_its_start_limit(
         ["systemctl", "--user", "is-active", "crash.service"], capture_output=True, text=True
     )
     assert (active.returncode, active.stdout.strip()) == (3, "failed")
+
+
+def test_a_command_that_times_out_is_ended_with_its_children(tmp_path: Path) -> None:
+    """A restart_command that is a wrapper: its child must not outlive the timeout."""
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(300)\n"
+    )
+    code, out = System().run([sys.executable, "-c", script], timeout=2.0)
+    assert code == 124 and "no answer within 2s" in out
+    child = int(pidfile.read_text())
+    until(
+        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie",
+        10,
+        "the child to end",
+    )

@@ -72,8 +72,14 @@ class System:
         """
         with tempfile.TemporaryFile() as out:
             try:
+                # In a session of its own: on a timeout the whole group goes, a wrapper's
+                # children too (killing only the direct child left them running).
                 proc = subprocess.Popen(
-                    list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             except FileNotFoundError:
                 return 127, f"{argv[0]}: command not found"
@@ -83,7 +89,7 @@ class System:
             while (code := proc.poll()) is None:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.interrupted:
-                    proc.kill()
+                    self.kill_group(proc.pid, signal.SIGKILL)
                     proc.wait()
                     if self.interrupted:
                         return INTERRUPTED, f"{argv[0]}: killed, the watchdog is stopping"
