@@ -25,6 +25,7 @@ from tests.conftest import (
     Receiver,
     free_port,
     listens,
+    mlx_watchdog,
     until,
 )
 
@@ -224,13 +225,7 @@ def test_a_second_daemon_on_one_state_folder_exits_3_naming_the_first(
     first = daemon_process(cfg, log)
     try:
         until(lambda: (tmp_path / "state" / "daemon.json").exists(), 30, "the first daemon")
-        second = subprocess.run(
-            [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=30,
-        )
+        second = mlx_watchdog("run", "--config", str(cfg), timeout=30)
         assert second.returncode == 3, second.stderr
         assert f"another watchdog (PID {first.pid}) runs on the state folder" in second.stderr
         assert first.poll() is None
@@ -528,13 +523,7 @@ def test_a_bad_config_under_a_service_waits_for_the_fix_instead_of_a_respawn_loo
     srv = bad_server("ok")
     cfg = tmp_path / "w.toml"
     cfg.write_text('[watchdog]\ninterval = "soon"\n')
-    by_hand = subprocess.run(
-        [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=30,
-    )
+    by_hand = mlx_watchdog("run", "--config", str(cfg), timeout=30)
     assert by_hand.returncode == 3 and 'watchdog.interval = "soon"' in by_hand.stderr
     log = tmp_path / "daemon.log"
     with log.open("ab") as err:

@@ -386,7 +386,6 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
 ) -> None:
     """As ssh treats ~/.ssh: a folder anyone may write would let them plant the token the
     endpoint accepts, or a daemon record that points status at their server."""
-    import sys
 
     from tests.test_daemon import toml
 
@@ -403,13 +402,7 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
         )
     )
     state.chmod(0o777)
-    refused = subprocess.run(
-        [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=30,
-    )
+    refused = mlx_watchdog("run", "--config", str(cfg), timeout=30)
     assert refused.returncode == 3
     assert f"state_dir {state} can be written by other users (mode 0777); run: chmod 700" in (
         refused.stderr

@@ -163,8 +163,7 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
 
     setup_logging()
     config = _wait_for_config(config_path) if wait_for_config else load_or_exit(config_path)
-    from mlx_watchdog.record.private import UnsafeState
-    from mlx_watchdog.serve.daemon import AlreadyRunning
+    from mlx_watchdog.record.private import AlreadyRunning, UnsafeState
 
     try:
         daemon = Daemon(config, config_path=config_path)

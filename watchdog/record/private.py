@@ -4,6 +4,7 @@ refused, and no file in it is read or written through a symlink someone planted.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import tempfile
@@ -76,3 +77,26 @@ def create_private(path: Path) -> bool:
         return False
     os.close(fd)
     return True
+
+
+class AlreadyRunning(Exception):
+    """Another daemon holds this state folder; the message names its PID."""
+
+
+def hold_lock(path: Path) -> int:
+    """An exclusive lock on `path`, held while the returned descriptor is open. The kernel
+    releases it on any exit (kill -9 included), so a service manager's relaunch takes it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise AlreadyRunning(
+            f"another watchdog (PID {holder}) runs on the state folder {path.parent}; "
+            "stop it first, or give this one another state_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -102,9 +102,6 @@ class Cutoff:
         if self._key is not None:
             _TIMERS.cancel(self._key)
 
-    def left(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
-
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
             self._socks.append(sock)

@@ -53,9 +53,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         if math.isnan(value):
             continue
-        sums[name] = (
-            sums.get(name, 0.0) + value
-        )  # +Inf or an overflow stays inf: read_report names it
+        # +Inf, or a sum that overflows, stays inf here: read_report names it as not a count.
+        sums[name] = sums.get(name, 0.0) + value
     return sums
 
 

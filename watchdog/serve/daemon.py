@@ -7,7 +7,6 @@ nothing heavy ever runs inside a handler.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import logging
@@ -31,7 +30,7 @@ from mlx_watchdog.judge.states import BAD_STATES, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
-from mlx_watchdog.record.private import UnsafeState, private_dir, write_private
+from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
@@ -55,29 +54,6 @@ log = logging.getLogger("mlx_watchdog")
 
 LOG_CHECK = 60.0  # seconds between log size checks
 LOCK_FILE = "daemon.lock"
-
-
-class AlreadyRunning(Exception):
-    """Another daemon holds this state folder; the message names its PID."""
-
-
-def hold_lock(path: Path) -> int:
-    """An exclusive lock on `path`, held while the returned descriptor is open. The kernel
-    releases it on any exit (kill -9 included), so a service manager's relaunch takes it."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise AlreadyRunning(
-            f"another watchdog (PID {holder}) runs on the state folder {path.parent}; "
-            "stop it first, or give this one another state_dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
@@ -532,12 +508,7 @@ class Daemon:
             w.manager.server = server
         w.server = server
         w.checker.reconfigure(server)
-        runs = (before.command, dict(before.env), before.log_file)
-        if server.manager == before.manager == "process" and runs != (
-            server.command,
-            dict(server.env),
-            server.log_file,
-        ):
+        if server.manager == before.manager == "process" and _runs(server) != _runs(before):
             self.healer.heal(w, "reload", "its command changed in the config", manual=True)
 
     def _finish(self) -> None:
@@ -591,3 +562,8 @@ class Daemon:
             while self._active and time.monotonic() < deadline:
                 self._active_cv.wait(deadline - time.monotonic())
             return not self._active
+
+
+def _runs(server: ServerConfig) -> tuple[object, ...]:
+    """What a `process` manager runs: a change of it is a restart, of anything else not."""
+    return (server.command, dict(server.env), server.log_file)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from mlx_watchdog.config.values import GUARDED_ROUTES
+from mlx_watchdog.config.values import GUARDED_ROUTES, is_loopback
 from mlx_watchdog.record.private import UnsafeState, private_dir, read_private
 from mlx_watchdog.sense.bounded import Cutoff
 
@@ -260,8 +260,7 @@ def start(
     always open (load balancers)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("Server", (_Server,), {"address_family": family})
-    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
-    guarded = () if loopback else tuple(r for r in GUARDED_ROUTES if r not in open_routes)
+    guarded = () if is_loopback(host) else tuple(r for r in GUARDED_ROUTES if r not in open_routes)
     server = server_class((host, port), make_handler(backend, token, guarded))
     thread = threading.Thread(target=server.serve_forever, name="endpoint", daemon=True)
     thread.start()

@@ -50,7 +50,7 @@ class Job:
 
 
 class Schedule:
-    """The daemon's jobs by name; `replace` swaps them all (a reload)."""
+    """The daemon's jobs by name; `keep` makes them exactly those wanted (start, a reload)."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
@@ -76,14 +76,6 @@ class Schedule:
         for job in moved:
             job.wake()  # a new interval takes effect now, not after the old one
 
-    def replace(self, jobs: list[Job]) -> None:
-        with self._lock:
-            old, self._jobs = self._jobs, {job.name: job for job in jobs}
-        for job in old.values():
-            job.stop()
-        for job in jobs:
-            job.start()
-
     def wake(self, name: str) -> None:
         with self._lock:
             job = self._jobs.get(name)
@@ -91,4 +83,4 @@ class Schedule:
             job.wake()
 
     def stop(self) -> None:
-        self.replace([])
+        self.keep({})
