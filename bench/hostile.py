@@ -4,11 +4,16 @@ serving server left alone, one serving nobody found), the crashes and the longes
 README's table comes from this; the suite runs a share of it (tests/test_hostile.py).
 
     python bench/hostile.py
+    python bench/hostile.py --against 7b583d6   # the same answers against an older package
+
+`--against REV` checks out REV's watchdog/ in a detached worktree and judges with it (the
+answers, the misbehaving server and the rule stay this tree's): the README's "before" column.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,7 +52,27 @@ def run_kind(kind: Kind, folder: Path) -> list[Outcome]:
         proc.wait(10)
 
 
+def against(rev: str) -> int:
+    """Run this script again with REV's package first on the path."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree, pkg = Path(tmp) / "tree", Path(tmp) / "pkg"
+        git = ["git", "-C", str(ROOT), "worktree"]
+        subprocess.run([*git, "add", "-q", "--detach", str(tree), rev], check=True)
+        try:
+            pkg.mkdir()
+            (pkg / "mlx_watchdog").symlink_to(tree / "watchdog")
+            env = {**os.environ, "PYTHONPATH": str(pkg)}
+            return subprocess.run([sys.executable, __file__], env=env).returncode
+        finally:
+            subprocess.run([*git, "remove", "--force", str(tree)], check=False)
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--against":
+        return against(sys.argv[2])
+    import mlx_watchdog
+
+    print(f"(judged by the package in {Path(mlx_watchdog.__file__).parent})", file=sys.stderr)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(len(KINDS)) as pool:
         results = dict(zip(KINDS, pool.map(lambda k: run_kind(k, Path(tmp)), KINDS), strict=True))
