@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -198,3 +199,20 @@ def test_a_report_reader_survives_every_hostile_body() -> None:
         for body in HOSTILE_JSON + HOSTILE_PROMETHEUS:
             report = LoadReader(server(kind), transport=answering(body)).read()
             assert report is not None and report.finding in REPORT_FINDINGS
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "not json", "[" * 100_000, '{"a": 1}', "[[1, 2]]", '[["ip", "port", "until"]]', "[1e400]"],
+)
+def test_a_left_probes_record_that_is_not_one_is_read_as_empty_and_rewritten(
+    tmp_path: Path, text: str
+) -> None:
+    from mlx_watchdog.judge.check import LeftProbes
+
+    path = tmp_path / "left-probes.json"
+    path.write_text(text)
+    left = LeftProbes(path)
+    assert left.load() == []
+    left.add(("127.0.0.1", 50000), keep_for=60.0)
+    assert left.load() == [("127.0.0.1", 50000)]
