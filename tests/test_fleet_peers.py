@@ -4,8 +4,13 @@ sequence on the terminal, never a wait longer than the per-machine deadline."""
 
 from __future__ import annotations
 
+import http.server
 import json
-from collections.abc import Callable
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -114,8 +119,93 @@ def test_a_lying_peer_is_its_own_row_and_never_hides_the_others(
 
 
 @pytest.mark.parametrize(
-    "url", ["https://mac-1.lan:9464", "http://mac-1.lan:9464/status", "http://u:p@mac-1:9464"]
+    "url",
+    [
+        "http://u:secret-pw@mac-1:9464",
+        "ftp://mac-1:9464",
+        "http://mac-1:99999",
+        "http://mac-1:9464/?x=1",
+        "mac-1:9464",
+    ],
 )
 def test_a_peer_url_it_cannot_read_as_given_is_refused(url: str) -> None:
     run = mlx_watchdog("fleet", url)
-    assert run.returncode == 3 and "give a watchdog's endpoint as http://host:port" in run.stderr
+    assert run.returncode == 3 and "Invalid value for URLS" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "secret-pw" not in run.stderr.replace(url, "")
+
+
+def _tls_files(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA of our own and a certificate it signed for 127.0.0.1, made by openssl."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "peer.key", "-out", "peer.csr",
+            "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (folder / "san.ext").write_text("subjectAltName = IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "peer.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "peer.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    return folder / "ca.pem", folder / "peer.pem", folder / "peer.key"
+
+
+@pytest.fixture
+def tls_peer(tmp_path: Path) -> Iterator[tuple[str, Path, list[str]]]:
+    """A watchdog behind a TLS proxy at /wd/, wanting its token: its URL, the CA, the paths
+    asked for."""
+    ca, cert, key = _tls_files(tmp_path)
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            ok = self.headers.get("Authorization") == "Bearer s3cret"
+            body = json.dumps(GOOD).encode() if ok else b'{"error": "token"}'
+            self.send_response(200 if ok and self.path == "/wd/status" else 401 if not ok else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{server.server_address[1]}/wd/", ca, asked
+    server.shutdown()
+    server.server_close()
+
+
+def test_fleet_reads_https_with_the_path_the_token_and_verified_certificates(
+    tls_peer: tuple[str, Path, list[str]], tmp_path: Path
+) -> None:
+    url, ca, asked = tls_peer
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+
+    run = mlx_watchdog("fleet", url, "--json", "--token-file", str(token), "--cacert", str(ca))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    assert [(r["server"], r["state"]) for r in rows] == [("fine", "healthy")]
+    assert asked == ["/wd/status"]  # the endpoint's path kept
+    assert "s3cret" not in run.stdout + run.stderr
+
+    # Without our CA the certificate is not trusted: that machine's row says so, exit 3.
+    run = mlx_watchdog("fleet", url, "--json", "--token-file", str(token))
+    assert run.returncode == 3
+    why = json.loads(run.stdout)["rows"][0]["why"]
+    assert "CERTIFICATE_VERIFY_FAILED" in why, why
+    assert len(asked) == 1  # no request went out over the unverified connection
+
+    # Without the token: the row says what is wanted.
+    run = mlx_watchdog("fleet", url, "--json", "--cacert", str(ca))
+    assert run.returncode == 3 and "--token-file" in json.loads(run.stdout)["rows"][0]["why"]
+
+    # A --cacert that holds no certificate is the caller's mistake: exit 3, named.
+    run = mlx_watchdog("fleet", url, "--cacert", str(token))
+    assert run.returncode == 3 and "Invalid value for --cacert" in run.stderr, run.stderr

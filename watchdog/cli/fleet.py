@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 
@@ -41,29 +43,50 @@ def prometheus_dashboard() -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the status documents and rows as JSON."
 )
-def fleet(urls: tuple[str, ...], as_json: bool) -> None:
-    """Several watchdogs side by side: URLS are their endpoints (http://mac-1.lan:9464).
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A file holding the bearer token the watchdogs want beyond loopback (their api-token).",
+)
+@click.option(
+    "--cacert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA certificates (PEM) for https endpoints signed by your own CA.",
+)
+def fleet(
+    urls: tuple[str, ...], as_json: bool, token_file: Path | None, cacert: Path | None
+) -> None:
+    """Several watchdogs side by side: URLS are their endpoints (http://mac-1.lan:9464, or
+    https://host/path behind a TLS proxy; certificates are verified).
 
     Per server: state, restarts and incidents over the last day, and clients that gave up per
     hour (how often each machine is provoked). Exit code: the worst server's (as for status),
     3 when a watchdog does not answer.
     """
+    import functools
     import json
     import sys
-    from urllib.parse import urlsplit
 
     from mlx_watchdog import fleet as core
-    from mlx_watchdog.serve.client import remote_status
+    from mlx_watchdog.fleet.peers import check_url, fetch_status, tls
 
     for u in urls:
-        parts = urlsplit(u)
-        if parts.scheme != "http" or parts.path.strip("/") or "@" in parts.netloc:
-            # Refused rather than read wrongly: the bare-socket client speaks plain HTTP only.
-            raise click.UsageError(
-                f"{u}: give a watchdog's endpoint as http://host:port (https, a path or "
-                "credentials are not supported)"
-            )
-    docs = core.gather([u.rstrip("/") for u in urls], remote_status)
+        problem = check_url(u)
+        if problem is not None:
+            raise click.BadParameter(f"{u}: {problem}", param_hint="URLS")
+    token = None
+    if token_file is not None:
+        try:
+            with token_file.open("rb") as fh:
+                token = fh.read(4096).decode().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"{token_file}: {exc}", param_hint="--token-file") from None
+    try:
+        verify = tls(cacert)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise click.BadParameter(f"{cacert}: {exc}", param_hint="--cacert") from None
+    fetch = functools.partial(fetch_status, token=token, verify=verify)
+    docs = core.gather([u.rstrip("/") for u in urls], fetch)
     table = core.rows(docs)
     if as_json:
         click.echo(json.dumps({"machines": docs, "rows": table}, indent=2, default=str))
