@@ -317,3 +317,129 @@ def test_system_unit_runs_the_watchdog_as_the_sudo_user(
     state = user.home / ".local" / "state" / "mlx-watchdog"
     until(lambda: (state / "daemon.json").exists(), 60, "the watchdog's daemon.json")
     assert ["systemctl", "daemon-reload"] in fake_services.calls()  # the system instance
+
+
+# -- --system: the job's user, its files, its sandbox ----------------------------------------
+
+
+def _system_install(
+    user: User, monkeypatch: pytest.MonkeyPatch, *args: str, sudo_user: str | None = None
+) -> tuple[int, str]:
+    """`sudo mlx-watchdog install --system --dry-run` as Ubuntu's sudo runs it: HOME is root's."""
+    from click.testing import CliRunner
+
+    from mlx_watchdog.cli import cli
+
+    monkeypatch.setenv("HOME", "/root")
+    for key in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "MLX_WATCHDOG_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    if sudo_user is None:
+        monkeypatch.delenv("SUDO_USER", raising=False)
+    else:
+        monkeypatch.setenv("SUDO_USER", sudo_user)
+    result = CliRunner().invoke(
+        cli, ["install", "--target", "systemd", "--system", "--dry-run", *args]
+    )
+    return result.exit_code, result.output
+
+
+def test_system_install_under_sudo_uses_the_job_users_home(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sudo's HOME=/root must not leak into the unit: the job's user could not read it."""
+    if os.getuid() != 0:
+        pytest.skip("needs root")
+    code, output = _system_install(user, monkeypatch, sudo_user=user.name)
+    assert code == 0, output
+    config = user.home / ".config" / "mlx-watchdog" / "config.toml"
+    assert f"--config {config}" in output and "/root/.config" not in output
+    assert f"Environment=HOME={user.home}" in output
+    assert f"ReadWritePaths=-{user.home}" in output
+
+    config.parent.mkdir(parents=True)
+    config.write_text('[[server]]\nurl = "http://127.0.0.1:1"\nlog_file = "/var/log/mlx/s.log"\n')
+    user.own(user.home)
+    code, output = _system_install(user, monkeypatch, sudo_user=user.name)
+    assert code == 0, output
+    # The default state folder is the job user's; a log outside the home is made writable.
+    assert f"ReadWritePaths=-{user.home} -{user.home}/.local/state/mlx-watchdog -/var/log/mlx" in (
+        output
+    )
+
+    hidden = Path("/root") / f"mlxwd-{os.getpid()}.toml"
+    hidden.write_text('[[server]]\nurl = "http://127.0.0.1:1"\n')
+    try:
+        os.chmod("/root", 0o700)
+        code, output = _system_install(
+            user, monkeypatch, "--config", str(hidden), sudo_user=user.name
+        )
+    finally:
+        hidden.unlink()
+    assert code == 1 and f"{user.name}, who cannot read /root" in output, output
+    assert "Traceback" not in output
+
+
+def test_system_install_without_sudo_user_is_one_error(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root")
+    code, output = _system_install(user, monkeypatch)
+    assert code == 1 and "as the user who ran sudo" in output and "Traceback" not in output, output
+
+
+def test_system_install_writes_the_template_for_the_job_user(
+    user: User, fake_services: FakeServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root writes the missing config into the user's home; the user must own it to edit it."""
+    if os.getuid() != 0:
+        pytest.skip("needs root")
+    from click.testing import CliRunner
+
+    from mlx_watchdog.cli import cli
+    from mlx_watchdog.service import systemd
+
+    monkeypatch.setattr(systemd, "SYSTEM_UNITS", tmp_path / "system-units")
+    fake_services.machine(system_units=str(tmp_path / "system-units"))
+    user.own(user.home)
+    monkeypatch.setenv("HOME", "/root")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("SUDO_USER", user.name)
+    result = CliRunner().invoke(cli, ["install", "--target", "systemd", "--system"])
+    assert result.exit_code == 0, result.output
+    config = user.home / ".config" / "mlx-watchdog" / "config.toml"
+    for made in (config, config.parent, config.parent.parent):
+        assert made.stat().st_uid == user.uid, made
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_system_unit_is_hardened(home: Path, tmp_path: Path) -> None:
+    """`systemd-analyze security` rates the system unit "OK" (4.0 or below); the user unit keeps
+    what a user manager can apply."""
+    import re
+
+    if os.getuid() != 0:
+        pytest.skip("needs root")
+    env = {"PATH": "/usr/bin:/bin", "SUDO_USER": "nobody"}
+    scores = {}
+    for system_wide in (True, False):
+        plan = service.target("systemd", System(), system_wide=system_wide).watchdog_plan(
+            config=home / "c.toml", home=home, env=env, python=sys.executable
+        )
+        assert plan.content is not None
+        unit = tmp_path / ("system" if system_wide else "user") / plan.label
+        unit.parent.mkdir()
+        unit.write_bytes(plan.content)
+        text = plan.content.decode()
+        assert "KillMode=mixed" in text and "SyslogIdentifier=mlx-watchdog" in text
+        assert ("ProtectSystem=strict" in text) is system_wide
+        result = subprocess.run(
+            ["systemd-analyze", "security", "--offline=true", str(unit)],
+            capture_output=True,
+            text=True,
+        )
+        found = re.search(r"Overall exposure level for \S+: (\d+\.\d)", result.stdout)
+        assert found, result.stdout + result.stderr
+        scores[system_wide] = float(found.group(1))
+    assert scores[True] <= 4.0, scores
+    assert scores[False] > scores[True]  # the sandbox is what makes the difference

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -264,21 +266,93 @@ def install(config_path: Path | None, target: str | None, system_wide: bool, dry
     launchd domain (it does not start at boot); --system makes it start at boot.
     """
     from mlx_watchdog import service
-    from mlx_watchdog.config import resolve_config_path, write_template
+    from mlx_watchdog.config import write_template
 
     tgt = _target(target, system_wide)
-    path = resolve_config_path(config_path)[0].expanduser().absolute()
+    user = _job_user(system_wide)
+    path = _config_path(config_path, user)
+    writable: list[Path] = []
     if path.exists():
-        load_or_exit(path)
+        with _as_home(user):
+            cfg = load_or_exit(path)
+        if user is not None:
+            _readable_or_exit(path, user)
+            writable = [cfg.watchdog.state_dir]
+            writable += [s.log_file.parent for s in cfg.servers if s.log_file is not None]
     elif dry_run:
         err.print(f"would write a config template to {path}")
     else:
-        write_template(path)
+        with _owned_by(user, path):
+            write_template(path)
         err.print(f"wrote a config template to {path}; edit it, then run install again")
+    home = user.home if user is not None else Path.home()
     plan = tgt.watchdog_plan(
-        config=path, home=Path.home(), env=os.environ, python=service.interpreter()
+        config=path, home=home, env=os.environ, python=service.interpreter(), writable=writable
     )
     _carry_out(plan, dry_run)
+
+
+def _job_user(system_wide: bool) -> Any:
+    from mlx_watchdog import service
+
+    if not system_wide:
+        return None
+    try:
+        return service.job_user(os.environ)
+    except service.ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _config_path(given: Path | None, user: Any) -> Path:
+    """The config the job reads: under --system, in the job user's home by default (sudo's
+    `HOME` may be root's, which that user cannot read)."""
+    from mlx_watchdog.config import CONFIG_ENV, resolve_config_path
+
+    if user is not None and given is None and not os.environ.get(CONFIG_ENV):
+        return user.home / ".config" / "mlx-watchdog" / "config.toml"
+    return resolve_config_path(given)[0].expanduser().absolute()
+
+
+def _readable_or_exit(path: Path, user: Any) -> None:
+    from mlx_watchdog import service
+
+    blocked = service.unreadable_by(path, user)
+    if blocked is not None:
+        raise click.ClickException(
+            f"the job runs as {user.name}, who cannot read {blocked}, so not {path}; put the "
+            f"config under {user.home} (the default without --config) or make it readable"
+        )
+
+
+@contextmanager
+def _as_home(user: Any) -> Iterator[None]:
+    """Read the config as the job will: `~` and the default state folder in its user's home."""
+    if user is None:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME")}
+    os.environ["HOME"] = str(user.home)
+    os.environ.pop("XDG_STATE_HOME", None)
+    os.environ.pop("XDG_CONFIG_HOME", None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def _owned_by(user: Any, path: Path) -> Iterator[None]:
+    """Root writing a file for the job's user: the file and the folders made for it are theirs."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    yield
+    if user is not None:
+        for made in missing:
+            if made.exists():
+                os.chown(made, user.uid, user.gid)
 
 
 @click.command()
@@ -321,18 +395,20 @@ def server_install(
     watchdog's system job: a watchdog running as a user may not restart a system job.
     """
     from mlx_watchdog import service
-    from mlx_watchdog.config import append_server, resolve_config_path, to_toml
+    from mlx_watchdog.config import append_server, to_toml
     from mlx_watchdog.demo.run import missing_server_extra
 
     name = name or f"mlx-{port}"
     url = f"http://127.0.0.1:{port}"
-    path = resolve_config_path(config_path)[0].expanduser().absolute()
+    user = _job_user(system_wide)
+    path = _config_path(config_path, user)
     problem = missing_server_extra()
     if problem is not None:
         if not dry_run:
             raise click.ClickException(problem)
         err.print(f"[yellow]warning:[/yellow] {escape(problem)}", soft_wrap=True)
-    existing = load_or_exit(path).servers if path.exists() else ()
+    with _as_home(user):
+        existing = load_or_exit(path).servers if path.exists() else ()
     for other in existing:
         if other.name == name or other.url == url:
             raise click.ClickException(
@@ -356,7 +432,8 @@ def server_install(
     if dry_run:
         click.echo(f"# would add to {path}:\n{block}", nl=False)
         return
-    added = append_server(path, block)
+    with _owned_by(user, path):
+        added = append_server(path, block)
     click.echo(f"added server {name} to {added}")
     err.print("reload a running watchdog to watch it: `mlx-watchdog install` or kill -HUP its PID")
 

@@ -75,8 +75,16 @@ class Target(Protocol):
     def server_label(self, name: str) -> str: ...
 
     def watchdog_plan(
-        self, *, config: Path, home: Path, env: Mapping[str, str], python: str
-    ) -> Plan: ...
+        self,
+        *,
+        config: Path,
+        home: Path,
+        env: Mapping[str, str],
+        python: str,
+        writable: Sequence[Path] = (),
+    ) -> Plan:
+        """`writable`: folders the job writes outside its user's home (systemd's sandbox)."""
+        ...
 
     def server_plan(
         self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str
@@ -98,6 +106,63 @@ def target(kind: Kind, system: System, *, system_wide: bool = False) -> Target:
     from mlx_watchdog.service.systemd import Systemd
 
     return Systemd(system, system_wide=system_wide)
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """Who a --system job runs as: the user who ran sudo, never root."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def groups(self) -> set[int]:
+        import grp
+
+        return {self.gid} | {g.gr_gid for g in grp.getgrall() if self.name in g.gr_mem}
+
+
+def job_user(env: Mapping[str, str], what: str = "job") -> JobUser:
+    """The user who ran sudo, from `SUDO_USER` (sudo sets it; its `HOME` may be root's own)."""
+    import pwd
+
+    name = env.get("SUDO_USER")
+    if not name or name == "root":
+        raise ServiceError(
+            f"--system runs the {what} as the user who ran sudo; run it as "
+            "`sudo mlx-watchdog install --system` from that user's shell"
+        )
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ServiceError(f'SUDO_USER = "{name}" is not a user of this machine') from None
+    return JobUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
+def unreadable_by(path: Path, user: JobUser) -> Path | None:
+    """The first folder `user` cannot enter on the way to `path`, or `path` itself when the user
+    cannot read it; None when the user can read it (owner, group and other bits, as the kernel
+    checks them for an ordinary user; ACLs are not read)."""
+    import stat
+
+    groups = user.groups()
+
+    def allowed(target: Path, bits: tuple[int, int, int]) -> bool:
+        st = target.stat()
+        if st.st_uid == user.uid:
+            return bool(st.st_mode & bits[0])
+        if st.st_gid in groups:
+            return bool(st.st_mode & bits[1])
+        return bool(st.st_mode & bits[2])
+
+    path = path.absolute()
+    for folder in reversed(path.parents):
+        if folder.exists() and not allowed(folder, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)):
+            return folder
+    if path.exists() and not allowed(path, (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)):
+        return path
+    return None
 
 
 def interpreter() -> str:

@@ -9,7 +9,6 @@ reboot with nobody logged in.
 from __future__ import annotations
 
 import plistlib
-import pwd
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from mlx_watchdog.service import (
     Plan,
     ServiceError,
     Step,
+    job_user,
     no_placeholders,
     server_label,
     service_env,
@@ -75,17 +75,8 @@ class Launchd:
         """The job's user, home and (root writing for them) uid."""
         if not self.system_wide:
             return None, Path.home(), None
-        name = env.get("SUDO_USER")
-        if not name or name == "root":
-            raise ServiceError(
-                "--system runs the job as the user who ran sudo; run it as "
-                "`sudo mlx-watchdog install --system` from that user's shell"
-            )
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            raise ServiceError(f'SUDO_USER = "{name}" is not a user of this machine') from None
-        return name, Path(entry.pw_dir), entry.pw_uid
+        user = job_user(env)
+        return user.name, user.home, user.uid
 
     def _path(self, label: str, home: Path) -> Path:
         folder = DAEMONS if self.system_wide else home / "Library" / "LaunchAgents"
@@ -151,7 +142,13 @@ class Launchd:
         )
 
     def watchdog_plan(
-        self, *, config: Path, home: Path, env: Mapping[str, str], python: str
+        self,
+        *,
+        config: Path,
+        home: Path,
+        env: Mapping[str, str],
+        python: str,
+        writable: Sequence[Path] = (),
     ) -> Plan:
         user, job_home, uid = self._user(env)
         home = job_home if self.system_wide else home
