@@ -10,6 +10,12 @@
   `RestartSec` after a failure, until `StartLimitBurst` starts within `StartLimitIntervalSec`
   (then the unit is "failed"). stop and restart are synchronous, as systemctl waits for its job:
   SIGTERM, `TimeoutStopSec` (default 90 s), SIGKILL.
+- `Type=notify`: the unit gets `$NOTIFY_SOCKET` (and `$WATCHDOG_USEC` with `WatchdogSec=`);
+  messages are taken only from the main PID (`NotifyAccess=main`, checked by the sender's
+  credentials as systemd does). A start waits for `READY=1` (up to `TimeoutStartSec`, then
+  the unit fails); a main process that exits before it is a failed start. With `WatchdogSec=`,
+  no `WATCHDOG=1` for that long sends SIGABRT, then SIGKILL after `TimeoutAbortSec` (default
+  `TimeoutStopSec`), and counts as a failure for `Restart=on-failure`.
 - A unit gets only its `Environment=` lines, runs in `WorkingDirectory` (default: the user's
   home for the user manager, `/` for the system one) and as `User=` when the system runs it.
 
@@ -22,9 +28,13 @@ import json
 import os
 import pwd
 import shlex
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -87,12 +97,15 @@ def systemctl(args: list[str]) -> int:
                     env=dict(os.environ),
                 ).pid
     if cmd in ("restart", "start"):
-        # systemctl waits for the start job: the process exists when it returns.
-        deadline = time.monotonic() + 10
+        # systemctl waits for the start job: the process exists (Type=notify: it said
+        # READY=1) when it returns.
+        deadline = time.monotonic() + (job["timeout_start"] + 5 if job["type"] == "notify" else 10)
         while time.monotonic() < deadline:
             with locked() as state:
                 job = units_of(state, scope).get(unit, {})
-                if alive(job.get("pid")) or job.get("failed"):
+                if job.get("failed"):
+                    return err(f"Job for {unit} failed.", 1)
+                if alive(job.get("pid")) and (job.get("type") != "notify" or job.get("ready")):
                     break
             time.sleep(0.05)
     return 0
@@ -152,6 +165,11 @@ def reload_unit_files(units: dict[str, Any], folder: Path) -> None:
             burst=int(one("StartLimitBurst", "5")),
             interval=float(one("StartLimitIntervalSec", "10")),
             timeout_stop=float(one("TimeoutStopSec", "90")),
+            type=one("Type", "simple"),
+            notify_access=one("NotifyAccess", "main" if one("Type", "") == "notify" else "none"),
+            watchdog_sec=float(one("WatchdogSec", "0")),
+            timeout_start=float(one("TimeoutStartSec", "90")),
+            timeout_abort=float(one("TimeoutAbortSec", one("TimeoutStopSec", "90"))),
         )
     for name in [n for n, job in units.items() if job.get("file") and n not in seen]:
         if not alive(units[name].get("pid")):
@@ -159,16 +177,61 @@ def reload_unit_files(units: dict[str, Any], folder: Path) -> None:
 
 
 def supervise(scope: str, unit: str) -> None:
+    folder = tempfile.mkdtemp(prefix="fake-notify-")
+    try:
+        supervise_in(scope, unit, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def supervise_in(scope: str, unit: str, folder: str) -> None:
     proc: subprocess.Popen[bytes] | None = None
     next_start = 0.0
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(os.path.join(folder, "notify"))
+    os.chmod(folder, 0o755)
+    os.chmod(notify.getsockname(), 0o777)  # a User= unit writes to it, as to systemd's own
+    notify.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    notify.setblocking(False)
+    pinged = began = 0.0
+    aborted: float | None = None
     while True:
+        messages = receive(notify)
         with locked() as state:
             job = units_of(state, scope).get(unit)
             if job is None or job.get("supervisor") != os.getpid() or not job.get("wanted"):
                 return
+            now = time.monotonic()
+            if proc is not None and job["type"] == "notify":
+                for pid, lines in messages:
+                    if job["notify_access"] == "none" or (
+                        job["notify_access"] == "main" and pid != proc.pid
+                    ):
+                        job["notify_refused"] = job.get("notify_refused", 0) + 1
+                        continue
+                    job["ready"] = job.get("ready") or "READY=1" in lines
+                    if "WATCHDOG=1" in lines:
+                        pinged = now
+                    job["status"] = next(
+                        (line[7:] for line in lines if line.startswith("STATUS=")),
+                        job.get("status"),
+                    )
+                if proc.poll() is None:
+                    late = (
+                        job["watchdog_sec"] > 0 and now - max(pinged, began) > job["watchdog_sec"]
+                    )
+                    if not job.get("ready") and now - began > job["timeout_start"]:
+                        proc.send_signal(signal.SIGTERM)  # "start operation timed out"
+                    elif late and aborted is None:
+                        job["watchdog_timeouts"] = job.get("watchdog_timeouts", 0) + 1
+                        proc.send_signal(signal.SIGABRT)  # "Watchdog timeout"
+                        aborted = now
+                    elif aborted is not None and now - aborted > job["timeout_abort"]:
+                        proc.kill()
             if proc is not None and proc.poll() is not None:
-                failed = proc.returncode != 0
-                job["pid"], proc = None, None
+                failed = proc.returncode != 0 or (job["type"] == "notify" and not job.get("ready"))
+                job["pid"], proc, aborted = None, None, None
+                job["ready"] = False
                 if not (failed and job["restart"] in ("on-failure", "always")):
                     job["failed"] = failed
                     return
@@ -180,14 +243,37 @@ def supervise(scope: str, unit: str) -> None:
                     job["failed"] = True  # "Start request repeated too quickly."
                     return
                 job["starts"].append(now)
-                proc = spawn(job, scope)
+                extra = {}
+                if job["type"] == "notify":
+                    extra["NOTIFY_SOCKET"] = notify.getsockname()
+                    if job["watchdog_sec"] > 0:
+                        extra["WATCHDOG_USEC"] = str(int(job["watchdog_sec"] * 1e6))
+                proc = spawn(job, scope, extra)
                 job["pid"] = proc.pid if proc else None
+                job["ready"] = False
+                pinged = began = time.monotonic()
                 if proc is None:
                     next_start = time.monotonic() + job["restart_sec"]
         time.sleep(0.05)
 
 
-def spawn(job: dict[str, Any], scope: str) -> subprocess.Popen[bytes] | None:
+def receive(sock: socket.socket) -> list[tuple[int, list[str]]]:
+    """What arrived on the notify socket: (the sender's PID, its lines)."""
+    got = []
+    creds = struct.calcsize("3i")
+    while True:
+        try:
+            data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(creds))
+        except BlockingIOError:
+            return got
+        pid = 0
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid = struct.unpack("3i", payload[:creds])[0]
+        got.append((pid, data.decode(errors="replace").splitlines()))
+
+
+def spawn(job: dict[str, Any], scope: str, extra: dict[str, str]) -> subprocess.Popen[bytes] | None:
     argv = job["argv"]
     home = os.environ.get("HOME", "/")
     if scope == "system" and job.get("user") and UID == 0:
@@ -212,7 +298,7 @@ def spawn(job: dict[str, Any], scope: str) -> subprocess.Popen[bytes] | None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=cwd,
-            env=dict(job["env"]),  # the unit's Environment= lines and nothing else
+            env={**job["env"], **extra},  # the unit's Environment= lines and systemd's own
         )
     except OSError:
         return None

@@ -113,6 +113,7 @@ class Watch:
     watched_since: float = 0.0
     verdict_mono: float | None = None
     tick_began: float | None = None
+    tick_moved: float = 0.0  # when a tick last began or ended: the job makes progress
     tick_problem: str | None = None
     blind_said: bool = False
     # A reload's settings, for the server's own job to apply at its next tick; and whether a

@@ -26,6 +26,8 @@ from mlx_watchdog.judge.states import UNKNOWN_EXIT
 if TYPE_CHECKING:
     from rich.console import Group
 
+    from mlx_watchdog.service import JobUser
+
 
 @click.command()
 @config_option
@@ -292,7 +294,7 @@ def install(config_path: Path | None, target: str | None, system_wide: bool, dry
     _carry_out(plan, dry_run)
 
 
-def _job_user(system_wide: bool) -> Any:
+def _job_user(system_wide: bool) -> JobUser | None:
     from mlx_watchdog import service
 
     if not system_wide:
@@ -303,7 +305,7 @@ def _job_user(system_wide: bool) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def _config_path(given: Path | None, user: Any) -> Path:
+def _config_path(given: Path | None, user: JobUser | None) -> Path:
     """The config the job reads: under --system, in the job user's home by default (sudo's
     `HOME` may be root's, which that user cannot read)."""
     from mlx_watchdog.config import CONFIG_ENV, resolve_config_path
@@ -313,7 +315,7 @@ def _config_path(given: Path | None, user: Any) -> Path:
     return resolve_config_path(given)[0].expanduser().absolute()
 
 
-def _readable_or_exit(path: Path, user: Any) -> None:
+def _readable_or_exit(path: Path, user: JobUser) -> None:
     from mlx_watchdog import service
 
     blocked = service.unreadable_by(path, user)
@@ -325,7 +327,7 @@ def _readable_or_exit(path: Path, user: Any) -> None:
 
 
 @contextmanager
-def _as_home(user: Any) -> Iterator[None]:
+def _as_home(user: JobUser | None) -> Iterator[None]:
     """Read the config as the job will: `~` and the default state folder in its user's home."""
     if user is None:
         yield
@@ -345,7 +347,7 @@ def _as_home(user: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _owned_by(user: Any, path: Path) -> Iterator[None]:
+def _owned_by(user: JobUser | None, path: Path) -> Iterator[None]:
     """Root writing a file for the job's user: the file and the folders made for it are theirs."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
     yield

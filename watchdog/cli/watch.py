@@ -24,6 +24,7 @@ from mlx_watchdog.judge.states import UNKNOWN_EXIT
 if TYPE_CHECKING:
     from mlx_watchdog.config import Config
     from mlx_watchdog.judge.check import CheckResult
+    from mlx_watchdog.serve.heartbeat import Notifier
 
 
 @click.command()
@@ -162,20 +163,28 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
     from mlx_watchdog.serve.daemon import Daemon
 
     setup_logging()
-    config = _wait_for_config(config_path) if wait_for_config else load_or_exit(config_path)
+    from mlx_watchdog.serve.heartbeat import Notifier
+
+    notifier = Notifier()
+    if wait_for_config:
+        config = _wait_for_config(config_path, notifier)
+    else:
+        config = load_or_exit(config_path)
     from mlx_watchdog.record.private import AlreadyRunning, UnsafeState
 
     try:
-        daemon = Daemon(config, config_path=config_path)
+        daemon = Daemon(config, config_path=config_path, notifier=notifier)
     except (AlreadyRunning, UnsafeState) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
     sys.exit(daemon.run())
 
 
-def _wait_for_config(config_path: Path | None) -> Config:
+def _wait_for_config(config_path: Path | None, notifier: Notifier) -> Config:
     """The config, once it is good: each new problem logged once, the file read every 2 s.
-    SIGTERM or SIGINT meanwhile end the wait (exit 0: a stop asked for, not a failure)."""
+    SIGTERM or SIGINT meanwhile end the wait (exit 0: a stop asked for, not a failure). A
+    service manager is told the watchdog is up and waiting, so it neither times the start out
+    nor restarts it in a loop; `systemctl status` shows the problem."""
     import logging
     import signal
     import threading
@@ -194,6 +203,8 @@ def _wait_for_config(config_path: Path | None) -> Config:
             if str(exc) != said:
                 said = str(exc)
                 log.error("config error; waiting for the file to be fixed: %s", exc)
+                notifier.send("READY=1", f"STATUS=waiting for a good config: {said[:200]}")
+            notifier.send("WATCHDOG=1")
             if stop.wait(2.0):
                 sys.exit(0)
             continue

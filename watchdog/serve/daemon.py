@@ -38,6 +38,7 @@ from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT, fresh_for
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
+from mlx_watchdog.serve.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
 from mlx_watchdog.serve.logs import own_log, rotate
 from mlx_watchdog.serve.metrics import Metrics
 from mlx_watchdog.serve.schedule import Schedule
@@ -70,6 +71,7 @@ class Daemon:
         notify: Notify = apprise_notify,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -107,6 +109,7 @@ class Daemon:
         self.watches: dict[str, Watch] = {}
         self.schedule = Schedule()
         self._running = False
+        self.notifier = notifier if notifier is not None else Notifier()
         for server in config.servers:
             self.watches[server.name] = self._watch(server)
 
@@ -125,7 +128,7 @@ class Daemon:
                 announce_probe=True,
             ),
         )
-        w.watched_since = self.monotonic()
+        w.watched_since = w.tick_moved = self.monotonic()
         now = self.clock()
         incident = self.store.open_incident_for(server.name)
         if incident is not None:
@@ -366,6 +369,20 @@ class Daemon:
             why = "no tick has given a verdict"
         return f"no fresh verdict (watchdog blind for {age:.0f} s: {why})"
 
+    def stalled(self) -> str | None:
+        """Why this daemon's ticks have stopped (see serve/heartbeat.py), or None. A restart or
+        a drain in progress is bounded by its own steps and counts as progress."""
+        mono = self.monotonic()
+        progress, limits = {}, {}
+        for name, w in list(self.watches.items()):
+            if w.retired:
+                continue
+            probe = w.server.probe
+            limit = fresh_for(self.config.watchdog.interval, probe.slow_after, probe.models_timeout)
+            progress[name] = mono if w.restarting or w.draining else w.tick_moved
+            limits[name] = limit + STALL_MARGIN
+        return stalled(progress, limits, mono)
+
     def look_at_sight(self) -> None:
         """Say once when a server's verdict goes stale, and once when it is fresh again."""
         mono = self.monotonic()
@@ -389,7 +406,7 @@ class Daemon:
             return
         with self._active_cv:
             self._active += 1
-        w.tick_began = self.monotonic()
+        w.tick_began = w.tick_moved = self.monotonic()
         try:
             self.tick(name)
             w.tick_problem = None
@@ -406,6 +423,7 @@ class Daemon:
             w.tick_problem = problem[:500]
         finally:
             w.tick_began = None
+            w.tick_moved = self.monotonic()
             with self._active_cv:
                 self._active -= 1
                 self._active_cv.notify_all()
@@ -442,6 +460,8 @@ class Daemon:
         self._running = True
         self._schedule()
         log.info("watching %s every %gs", ", ".join(self.watches), self.config.watchdog.interval)
+        self.notifier.send("READY=1", f"STATUS=watching {len(self.watches)} servers")
+        code = 0
         try:
             while not self._stop.is_set():
                 if self._wake.wait(1.0):
@@ -450,13 +470,32 @@ class Daemon:
                     self.look_at_sight()
                 except Exception:
                     log.exception("cannot tell whether the verdicts are fresh")
+                stall = self.stalled()
+                if stall is not None:
+                    code = self._give_up(stall)
+                    break
+                self.notifier.send("WATCHDOG=1")
                 if self._reload.is_set() and not self._stop.is_set():
                     self._reload.clear()
                     self.reload()
         finally:
+            self.notifier.send("STOPPING=1")
             self.schedule.stop()
             self._finish()
-        return 0
+        return code
+
+    def _give_up(self, why: str) -> int:
+        """Ticks that stopped are a fault of this process: end it, so that the service manager
+        starts a fresh one (launchd's KeepAlive, systemd's Restart=; systemd's WatchdogSec
+        would end it anyway, as the heartbeat stops). If the stop itself hangs, exit at once."""
+        log.error("%s: the watchdog ends so that its service manager starts it afresh", why)
+        backstop = threading.Timer(
+            STOP_TIMEOUT + INTERRUPT_TIMEOUT + 60.0, os._exit, (EXIT_STALLED,)
+        )
+        backstop.daemon = True
+        backstop.start()
+        self._stop.set()
+        return EXIT_STALLED
 
     def stop(self) -> None:
         self._stop.set()
