@@ -28,7 +28,7 @@ from mlx_watchdog.judge.check import Checker
 from mlx_watchdog.judge.triggers import Streak
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Event
-from mlx_watchdog.record.store import Store
+from mlx_watchdog.record.store import Ref, Store
 from mlx_watchdog.sense.evidence import Inspector, ProcessTable
 from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe, ProbeFinding
 
@@ -76,7 +76,7 @@ class OpenIncident:
 
     began_at: float  # wall time serving stopped, as the probes saw it
     state: str  # the state that opened it
-    id: int | None = None  # its row in the history, when it could be written
+    id: Ref = None  # its row in the history (written behind: its id once written)
     advised_waits: list[float] = field(default_factory=list)  # what the advice says
     said: set[str] = field(default_factory=set)  # one alert per kind per incident
 
@@ -120,6 +120,14 @@ class Watch:
     # reload removed the server (its job ends).
     new_config: ServerConfig | None = None
     retired: bool = False
+    # The budget's restarts: earlier runs' as the history has them (wall time), this run's on
+    # the span clock, so that a locked history or a clock step changes nothing within a run.
+    restarts_before: list[float] = field(default_factory=list)
+    restarts_here: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
+
+    def restarts(self, wall: float, mono: float) -> list[float]:
+        """When the server was restarted, in wall time as of (`wall`, `mono`)."""
+        return [*self.restarts_before, *(wall - (mono - m) for m in self.restarts_here)]
 
     @property
     def inspector(self) -> Inspector:
@@ -208,6 +216,7 @@ class Healer:
             self._drain(w)
         w.checker.abort()  # its server is about to be replaced
         started = self.clock()
+        w.restarts_here.append(self.monotonic())
         rid = self.store.start_restart(server.name, started, trigger)
         self.transition(
             w,
@@ -263,8 +272,7 @@ class Healer:
 
     def _budget_allows(self, w: Watch, now: float) -> bool:
         server = w.server
-        restarts = [r.at for r in self.store.restarts(server.name, now - server.restart.window)]
-        decision = decide(server.restart, restarts, now)
+        decision = decide(server.restart, w.restarts(now, self.monotonic()), now)
         if decision.spent:
             if w.needs_person is None:
                 w.needs_person = (

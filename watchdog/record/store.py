@@ -1,18 +1,24 @@
 """SQLite history: probes, incidents, events, restarts and holds, in `state_dir`.
 
-The history must never stop the probing. Every call is guarded: a locked database skips the
-write and says so, a corrupt file is moved aside and a new one started, an unwritable one is
-replaced by an in-memory database for the life of the process (so the restart budget still holds
-within this run) and reported.
+The history must never stop the probing. Every call is guarded: a corrupt file is moved aside
+and a new one started, an unwritable one is replaced by an in-memory database for the life of
+the process, and either is reported. The daemon writes behind (`behind=True`): its ticks queue
+each write and go on, one writer thread carries them out in order and waits out another
+process's lock, so a locked database neither stalls a tick nor loses a row; a short-lived
+command writes at once and skips a write the lock keeps out. The file uses a rollback journal,
+not WAL: WAL maps its `-shm` file into memory, and a truncated `-shm` kills the process with
+SIGBUS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,6 +72,30 @@ HISTORY_FILE = "history.db"
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
 PRUNE_EVERY = 500  # probes of one server between two prunings of its rows
 BUSY_TIMEOUT = 2.0  # seconds a write waits for another process's lock before it is skipped
+BEHIND_BUSY = 0.1  # writing behind: one attempt's wait, so a reader never waits long for it
+RETRY_LOCKED = 0.5  # between two attempts of a write another process's lock keeps out
+QUEUE_MAX = 10_000  # writes waiting; past this the newest are lost, and that is reported
+FLUSH_TIMEOUT = 5.0  # at close, for the queued writes
+READ_WAIT = 0.5  # a read waits this long at most for the writes queued before it
+
+
+@dataclass
+class Row:
+    """A row the history was asked to write: its id once written; None while it waits in the
+    queue, or when it could not be written. Later writes about it read the id when they run."""
+
+    id: int | None = None
+
+
+Ref = Row | int | None
+
+
+def row_id(ref: Ref) -> int | None:
+    return ref.id if isinstance(ref, Row) else ref
+
+
+class _Locked(Exception):
+    """Another process holds the database's lock: try again later."""
 
 
 @dataclass(frozen=True)
@@ -118,14 +148,24 @@ class Restart:
 
 
 class Store:
-    def __init__(self, path: Path | None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: Path | None, *, clock: Callable[[], float] = time.time, behind: bool = False
+    ) -> None:
         self.path = path
         self.clock = clock
         self.problem: str | None = None  # the last trouble, for status output
+        self.lost = 0  # writes given up (the queue full, or still waiting at close)
         self._lock = threading.RLock()
         self._writes: dict[str, int] = {}  # probes written per server since the last pruning
         self._closed = False
+        self._busy = BEHIND_BUSY if behind else BUSY_TIMEOUT
         self._db = self._open()
+        self._queue: deque[Callable[[sqlite3.Connection], None]] = deque()
+        self._queued = threading.Condition()
+        self._writer: threading.Thread | None = None
+        if behind:
+            self._writer = threading.Thread(target=self._write_behind, name="history", daemon=True)
+            self._writer.start()
 
     # -- opening and guarding ---------------------------------------------------------------
 
@@ -147,11 +187,14 @@ class Store:
 
     def _connect(self, where: str) -> sqlite3.Connection:
         db = sqlite3.connect(
-            where, timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None
+            where, timeout=self._busy, check_same_thread=False, isolation_level=None
         )
         try:
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
+            with contextlib.suppress(sqlite3.OperationalError):
+                # A WAL file from an earlier version: switched when nobody else has it open.
+                db.execute("PRAGMA journal_mode=TRUNCATE")
+            db.execute("PRAGMA mmap_size=0")
             db.execute("PRAGMA synchronous=NORMAL")
             # A small page cache: the daemon reads little, and its memory stays flat as the
             # history grows (the default 2 MiB filled up over the first 10,000 probes).
@@ -202,7 +245,11 @@ class Store:
         self.problem = message
         log.error(message)
 
-    def _guard(self, default: T, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _guard(
+        self, default: T, work: Callable[[sqlite3.Connection], T], *, wait: bool = False
+    ) -> T:
+        """`work` on the database, through its faults; `wait`: raise _Locked on another
+        process's lock instead of giving up (the writer thread tries again)."""
         with self._lock:
             if self._closed:  # a job still finishing after shutdown: nothing to write to
                 return default
@@ -212,7 +259,9 @@ class Store:
                 except sqlite3.OperationalError as exc:
                     text = str(exc).lower()
                     if "locked" in text or "busy" in text:
-                        self._report(f"history database is locked; skipped a write ({exc})")
+                        if wait:
+                            raise _Locked(str(exc)) from None
+                        self._report(f"history database is locked; skipped ({exc})")
                         return default
                     if attempt == 2:
                         break
@@ -246,24 +295,87 @@ class Store:
         *,
         then: str | None = None,
         then_args: Sequence[Any] = (),
-    ) -> int | None:
-        """Every write: one statement (and an optional second) in one transaction, guarded.
-        The new row's id, or None when the write was skipped."""
+    ) -> Row:
+        """Every write: one statement (and an optional second) in one transaction, guarded;
+        now, or queued when writing behind. A `Row` among the arguments stands for its id when
+        the write runs; one that was never written makes the write moot."""
+        row = Row()
 
-        def work(db: sqlite3.Connection) -> int:
+        def work(db: sqlite3.Connection) -> None:
+            values = [row_id(a) if isinstance(a, Row) else a for a in args]
+            if any(isinstance(a, Row) and a.id is None for a in args):
+                return
             with self._tx(db):
-                cur = db.execute(sql, args)
+                cur = db.execute(sql, values)
                 if then is not None:
                     db.execute(then, then_args)
-                return int(cur.lastrowid or 0)
+                row.id = int(cur.lastrowid or 0)
 
-        return self._guard(None, work)
+        if self._writer is None:
+            self._guard(None, work)
+            return row
+        with self._queued:
+            if self._closed or len(self._queue) >= QUEUE_MAX:
+                self.lost += 1
+                self._report(f"history: {self.lost} writes lost (the queue is full or closed)")
+                return row
+            self._queue.append(work)
+            self._queued.notify()
+        return row
+
+    def _write_behind(self) -> None:
+        """The writer thread: each queued write in order; another process's lock is waited
+        out, a write at a time, so the queue keeps everything the ticks asked for."""
+        said_locked = False
+        while True:
+            with self._queued:
+                while not self._queue and not self._closed:
+                    self._queued.wait()
+                if not self._queue:
+                    return
+                work = self._queue[0]
+            try:
+                self._guard(None, work, wait=True)
+            except _Locked as exc:
+                if not said_locked:
+                    said_locked = True
+                    self._report(f"history database is locked; writes wait for it ({exc})")
+                with self._queued:
+                    self._queued.wait(RETRY_LOCKED)
+                continue
+            if said_locked:
+                said_locked = False
+                log.info("history database is writable again")
+                self.problem = None
+            with self._queued:
+                self._queue.popleft()
+                self._queued.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the queued writes are done; False when some still wait."""
+        deadline = time.monotonic() + timeout
+        with self._queued:
+            while self._queue and time.monotonic() < deadline:
+                self._queued.wait(deadline - time.monotonic())
+            return not self._queue
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        if self._writer is not None and threading.current_thread() is not self._writer:
+            self.flush(READ_WAIT)  # this process reads what it wrote, while the file lets it
         empty: list[sqlite3.Row] = []
         return self._guard(empty, lambda db: db.execute(sql, args).fetchall())
 
     def close(self) -> None:
+        if self._writer is not None and not self.flush(FLUSH_TIMEOUT):
+            with self._queued:
+                self.lost += len(self._queue)
+                self._queue.clear()
+            self._report(f"history: {self.lost} writes lost at close (the database stayed locked)")
+        with self._queued:
+            self._closed = True
+            self._queued.notify_all()
+        if self._writer is not None:
+            self._writer.join(FLUSH_TIMEOUT)
         with self._lock:
             self._closed = True
             self._db.close()
@@ -282,7 +394,9 @@ class Store:
                 "DELETE FROM probes WHERE server = ? AND id <= "
                 "(SELECT id FROM probes WHERE server = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
             )
-        row = self._write(
+
+        self._writes[server] = written % PRUNE_EVERY
+        self._write(
             "INSERT INTO probes (server, at, state, reason, ttft_s, waited_s, evidence)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -297,8 +411,6 @@ class Store:
             then=prune,
             then_args=(server, server, PROBES_KEPT),
         )
-        if row is not None:
-            self._writes[server] = written % PRUNE_EVERY
 
     def probes(self, server: str, since: float) -> list[ProbeRecord]:
         rows = self._rows(
@@ -338,14 +450,14 @@ class Store:
         evidence: dict[str, Any],
         *,
         began_at: float | None = None,
-    ) -> int | None:
+    ) -> Row:
         return self._write(
             "INSERT INTO incidents (server, opened_at, began_at, state, reason, evidence)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (server, at, at if began_at is None else began_at, state, reason, json.dumps(evidence)),
         )
 
-    def add_action(self, incident: int | None, action: dict[str, Any]) -> None:
+    def add_action(self, incident: Ref, action: dict[str, Any]) -> None:
         if incident is not None:
             self._write(
                 "UPDATE incidents SET actions = json_insert(actions, '$[#]', json(?)) WHERE id = ?",
@@ -353,8 +465,10 @@ class Store:
             )
 
     def close_incident(
-        self, incident: int, at: float, outcome: str, recover_s: float | None
+        self, incident: Ref, at: float, outcome: str, recover_s: float | None
     ) -> None:
+        if incident is None:
+            return
         self._write(
             "UPDATE incidents SET closed_at = ?, outcome = ?, recover_s = ?,"
             " outage_s = ? - COALESCE(began_at, opened_at) WHERE id = ? AND closed_at IS NULL",
@@ -378,7 +492,7 @@ class Store:
         rows = self._rows(sql + " ORDER BY opened_at", args)
         return [_incident(r) for r in rows]
 
-    def set_advice(self, incident: int | None, advice: str) -> None:
+    def set_advice(self, incident: Ref, advice: str) -> None:
         if incident is not None:
             self._write("UPDATE incidents SET advice = ? WHERE id = ?", (advice, incident))
 
@@ -424,13 +538,13 @@ class Store:
 
     # -- restarts and holds: what the budget is made of -------------------------------------
 
-    def start_restart(self, server: str, at: float, trigger: str) -> int | None:
+    def start_restart(self, server: str, at: float, trigger: str) -> Row:
         """Written before the manager acts, so a watchdog killed mid-restart still counts it."""
         return self._write(
             "INSERT INTO restarts (server, at, trigger) VALUES (?, ?, ?)", (server, at, trigger)
         )
 
-    def finish_restart(self, restart: int | None, at: float, outcome: str) -> None:
+    def finish_restart(self, restart: Ref, at: float, outcome: str) -> None:
         if restart is not None:
             self._write(
                 "UPDATE restarts SET finished_at = ?, outcome = ? WHERE id = ?",

@@ -31,7 +31,7 @@ from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
-from mlx_watchdog.record.store import HISTORY_FILE, Store
+from mlx_watchdog.record.store import HISTORY_FILE, Store, row_id
 from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT, fresh_for
@@ -85,7 +85,7 @@ class Daemon:
         self.monotonic = monotonic  # spans: probe waits, down and busy times
         self.left = left_probes(config.watchdog.state_dir)
         self.state_dir = config.watchdog.state_dir
-        self.store = Store(self.state_dir / HISTORY_FILE, clock=clock)
+        self.store = Store(self.state_dir / HISTORY_FILE, clock=clock, behind=True)
         self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -143,6 +143,9 @@ class Daemon:
             (e.at, int(e.data.get("count", 0)))
             for e in self.store.events(server.name, since=now - DAY, kind=GAVE_UP)
         )
+        w.restarts_before = [
+            r.at for r in self.store.restarts(server.name, now - restart_span(server))
+        ]
         w.last_token_at = self.store.last_token_at(server.name)
         w.needs_person = self.store.held(server.name)
         if w.needs_person is not None:
@@ -319,10 +322,14 @@ class Daemon:
         incident = w.incident
         return Held(
             ttfts=[t for at, t in list(w.ttfts) if at >= now - TTFT_WINDOW],
-            restarts=[r.at for r in self.store.restarts(w.server.name, since)],
+            restarts=[t for t in w.restarts(now, self.monotonic()) if t >= since],
             incident=None
             if incident is None
-            else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
+            else {
+                "id": row_id(incident.id),
+                "state": incident.state,
+                "began_at": incident.began_at,
+            },
             needs_person=w.needs_person,
             last_token_at=w.last_token_at,
             incidents_24h=len([at for at in list(w.opened) if at >= now - DAY]),

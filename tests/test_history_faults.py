@@ -1,0 +1,148 @@
+"""The budget and the open incident hold in memory whatever the history does: another process
+holding the database's lock neither stalls a tick nor buys an extra restart, and loses no row;
+a WAL file from before is switched to a rollback journal (no -shm to be truncated under us)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.record.store import Store
+from mlx_watchdog.serve.daemon import Daemon
+from tests.conftest import BadByPidfile, DaemonThread, until
+from tests.test_daemon import FAST_PROBE, command_config
+
+HOLD = 6.0  # seconds the other process keeps the database locked
+
+
+def lock_history(db: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another process that takes the database's exclusive lock and keeps it for `seconds`."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "db.execute('BEGIN EXCLUSIVE')\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(float(sys.argv[2]))\n"
+            "db.execute('COMMIT')\n",
+            str(db),
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    proc.stdout.close()
+    return proc
+
+
+def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
+    tmp_path: Path, hanging: BadByPidfile, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    raw = command_config(tmp_path, hanging)
+    server = raw["server"][0]  # type: ignore[index]
+    server["restart_command"][-2] = "hang"  # restarted, it hangs again: the budget decides
+    server["probe"] = {**FAST_PROBE, "startup_grace": "1500ms"}
+    server["restart"] = {"max_restarts": 1, "window": "1h", "backoff": "200ms"}
+    daemon = Daemon(parse_config(raw))
+    w = daemon.watches["bad"]
+    ticks: list[tuple[float, float, bool]] = []  # began, ended, whether it restarted
+    real_tick = daemon.tick
+
+    def timed(name: str) -> object:
+        began, before = time.monotonic(), len(w.restarts_here)
+        try:
+            return real_tick(name)
+        finally:
+            ticks.append((began, time.monotonic(), len(w.restarts_here) != before))
+
+    daemon.tick = timed  # type: ignore[method-assign]
+    asked: list[float] = []  # probe rows the ticks asked the history for
+    real_record = daemon.store.record_probe
+
+    def counted(*args: object, **kwargs: object) -> None:
+        asked.append(time.monotonic())
+        real_record(*args, **kwargs)  # type: ignore[arg-type]
+
+    daemon.store.record_probe = counted  # type: ignore[method-assign]
+    t = run_daemon(daemon)
+    until(lambda: len(ticks) >= 2, 10, "the first ticks")
+    locker = lock_history(tmp_path / "state" / "history.db", HOLD)
+    locked_at = time.monotonic()
+    try:
+        until(lambda: w.needs_person is not None, 30, "the budget to be spent")
+        spent_at = time.monotonic()
+        time.sleep(1.0)  # more ticks while held: none may restart
+    finally:
+        locker.wait(30)
+    assert spent_at - locked_at < HOLD, "the budget was spent only after the lock was gone"
+    assert len(w.restarts_here) == 1  # max_restarts = 1, whatever the history could take
+
+    under_lock = [
+        (end - began, restarted)
+        for began, end, restarted in ticks
+        if locked_at <= began < locked_at + HOLD
+    ]
+    plain = [took for took, restarted in under_lock if not restarted]
+    assert len(under_lock) >= 5 and max(plain) < 1.0, plain
+
+    store = daemon.store
+    until(lambda: store.flush(0.1), 20, "the queued writes to land")
+    t.stop()
+    assert store.lost == 0
+    again = Store(tmp_path / "state" / "history.db")
+    try:
+        assert [r.outcome for r in again.restarts("bad", 0.0)] == ["failed"]
+        (incident,) = again.incidents(0.0)
+        assert incident.closed_at is None and len(incident.actions) == 1
+        kinds = [e.kind for e in again.events("bad")]
+        for kind in ("detected", "restarting", "restart_failed", "budget_spent"):
+            assert kinds.count(kind) == 1, kinds
+        assert again.held("bad") is not None
+        assert len(again.probes("bad", 0.0)) == len(asked)  # every verdict kept
+        assert any(locked_at <= at < locked_at + HOLD for at in asked)
+    finally:
+        again.close()
+
+
+def test_a_wal_history_from_before_becomes_a_rollback_journal(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    assert db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    db.execute("CREATE TABLE t (x)")
+    db.close()
+    store = Store(path, behind=True)
+    store.add_event("s", 1.0, "detected", "x", {})
+    store.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    db.close()
+    assert not path.with_name("history.db-shm").exists()
+    again = Store(path)
+    assert [e.kind for e in again.events("s")] == ["detected"]
+    again.close()
+
+
+def test_a_truncated_shm_file_beside_the_history_harms_nothing(
+    tmp_path: Path, hanging: BadByPidfile, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """WAL maps history.db-shm into memory, and a truncated one was SIGBUS (exit 135); the
+    daemon no longer maps it, and a planted one is not read."""
+    t = run_daemon(Daemon(parse_config(command_config(tmp_path, hanging))))
+    db = tmp_path / "state" / "history.db"
+    until(lambda: t.daemon.store.probes("bad", 0.0), 10, "a probe row")
+    shm = db.with_name("history.db-shm")
+    assert not shm.exists()
+    shm.write_bytes(b"\xff" * 32768)
+    shm.write_bytes(b"")
+    rows = len(t.daemon.store.probes("bad", 0.0))
+    until(lambda: len(t.daemon.store.probes("bad", 0.0)) > rows + 3, 10, "more probe rows")
+    assert t.thread.is_alive()
+    t.stop()
