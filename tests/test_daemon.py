@@ -250,23 +250,30 @@ def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
     db = tmp_path / "state" / "history.db"
     log = tmp_path / "daemon.log"
     first = daemon_process(cfg, log)
+    helpers: list[psutil.Process] = []
     try:
         until(lambda: restarts_in(db) == [("wedged", None)], 30, "a restart in progress")
+        until(lambda: psutil.Process(first.pid).children(), 10, "the restart command")
         helpers = psutil.Process(first.pid).children(recursive=True)
-        first.kill()  # kill -9, mid-restart
+        first.kill()  # kill -9, mid-restart: its restart command runs on, orphaned
         first.wait()
-    finally:
-        for child in helpers if "helpers" in locals() else []:
-            child.kill()
-    # The restart took effect after all (as a slow one would), while no watchdog ran.
-    hanging.replace("ok")
+        assert all(h.is_running() for h in helpers)
+        # The restart took effect after all (as a slow one would), while no watchdog ran.
+        hanging.replace("ok")
 
-    second = daemon_process(cfg, log)
-    try:
-        until(lambda: "recovered" in log.read_text(), 30, "the new daemon to see it serve")
+        second = daemon_process(cfg, log)
+        try:
+            until(lambda: "recovered" in log.read_text(), 30, "the new daemon to see it serve")
+            # The orphaned command was the new daemon's to end, its whole group.
+            assert not any(h.is_running() and h.status() != "zombie" for h in helpers)
+            assert "ended a command the previous watchdog left running" in log.read_text()
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(30) == 0
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(30) == 0
+        for child in helpers:
+            if child.is_running():
+                child.kill()
     assert restarts_in(db) == [("wedged", "interrupted")]  # and no second restart
     text = log.read_text()
     assert "never finished" in text and text.count("restarting through") == 1

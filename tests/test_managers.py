@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import plistlib
 import shlex
@@ -287,3 +289,41 @@ def test_a_command_that_times_out_is_ended_with_its_children(tmp_path: Path) -> 
         10,
         "the child to end",
     )
+
+
+def test_commands_a_killed_watchdog_left_are_ended_and_only_those(tmp_path: Path) -> None:
+    """The record names each running command's process group and its leader's start time: the
+    next watchdog ends a group that is still ours (its leader, or with the leader gone, its
+    members), and never a process whose PID only looks the same."""
+    record = tmp_path / "commands.json"
+    ours = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    # A wrapper that exits and leaves its child in the group.
+    wrapper = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!"], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert wrapper.stdout is not None
+    orphan = int(wrapper.stdout.readline())
+    wrapper.stdout.close()
+    wrapper.wait()
+    try:
+        entries = [
+            {"pgid": ours.pid, "created": psutil.Process(ours.pid).create_time(), "argv": ["a"]},
+            {"pgid": stranger.pid, "created": 12345.0, "argv": ["b"]},  # a reused PID
+            {"pgid": wrapper.pid, "created": 1.0, "argv": ["c"]},  # leader gone, member left
+            {"pgid": "x"},
+        ]
+        record.write_text(json.dumps(entries))
+        record.chmod(0o600)
+        said = System(record).settle_left(grace=5.0)
+        assert said == [f"a (process group {ours.pid})", f"c (process group {wrapper.pid})"]
+        assert ours.wait(5) == -15
+        assert stranger.poll() is None
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == "zombie"
+        assert not record.exists()
+    finally:
+        for proc in (ours, stranger):
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, 9)

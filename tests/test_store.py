@@ -175,7 +175,9 @@ def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
     store.record_probe("s", 100.0, "wedged", "wedged: x", {"pid": 1})
     store.close()
     with sqlite3.connect(state / "history.db") as db:
-        db.execute("UPDATE incidents SET actions = 'nope', evidence = '[[[' WHERE id = ?", (iid.id,))
+        db.execute(
+            "UPDATE incidents SET actions = 'nope', evidence = '[[[' WHERE id = ?", (iid.id,)
+        )
         db.execute("UPDATE events SET data = '{\"a\":' ")
         db.execute("UPDATE probes SET evidence = 'NaN-ish'")
     raw = {

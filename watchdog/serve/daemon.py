@@ -55,6 +55,7 @@ log = logging.getLogger("mlx_watchdog")
 
 LOG_CHECK = 60.0  # seconds between log size checks
 LOCK_FILE = "daemon.lock"
+COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
 
 
 JUMP = 10.0  # seconds the clocks may part between two ticks before it counts as a jump
@@ -80,6 +81,10 @@ class Daemon:
         private_dir(config.watchdog.state_dir)  # UnsafeState: refused, as ssh does
         self._lock = hold_lock(config.watchdog.state_dir / LOCK_FILE)
         self.system = system or System()
+        # Only now, holding the lock: what a killed predecessor left running is ours to end.
+        self.system.record = config.watchdog.state_dir / COMMANDS_FILE
+        for left in self.system.settle_left():
+            log.warning("ended a command the previous watchdog left running: %s", left)
         self.table = table or ProcessTable()
         self.clock = clock  # wall time, for what is recorded and shown
         self.monotonic = monotonic  # spans: probe waits, down and busy times

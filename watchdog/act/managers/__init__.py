@@ -7,6 +7,7 @@ put fake service managers on PATH or replace the whole object.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -48,8 +49,13 @@ class System:
 
     clock: Callable[[], float] = staticmethod(time.time)
 
-    def __init__(self) -> None:
+    def __init__(self, record: Path | None = None) -> None:
         self._interrupted = threading.Event()
+        # The commands running now, written before each is waited on: a watchdog killed
+        # meanwhile leaves them to its successor, which ends them (`settle_left`).
+        self.record = record
+        self._running: dict[int, dict[str, object]] = {}
+        self._running_lock = threading.Lock()
 
     def interrupt(self) -> None:
         self._interrupted.set()
@@ -85,18 +91,77 @@ class System:
                 return 127, f"{argv[0]}: command not found"
             except PermissionError:
                 return 126, f"{argv[0]}: permission denied"
-            deadline = time.monotonic() + timeout
-            while (code := proc.poll()) is None:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.interrupted:
-                    self.kill_group(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    if self.interrupted:
-                        return INTERRUPTED, f"{argv[0]}: killed, the watchdog is stopping"
-                    return 124, f"{argv[0]}: no answer within {timeout:g}s"
-                self._interrupted.wait(min(left, 0.1))
+            self._note(proc.pid, argv)
+            try:
+                deadline = time.monotonic() + timeout
+                while (code := proc.poll()) is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.interrupted:
+                        self.kill_group(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                        if self.interrupted:
+                            return INTERRUPTED, f"{argv[0]}: killed, the watchdog is stopping"
+                        return 124, f"{argv[0]}: no answer within {timeout:g}s"
+                    self._interrupted.wait(min(left, 0.1))
+            finally:
+                self._note(proc.pid, None)
             out.seek(0)
             return code, out.read().decode(errors="replace").strip()
+
+    def _note(self, pgid: int, argv: Sequence[str] | None) -> None:
+        if self.record is None:
+            return
+        from mlx_watchdog.record.private import write_private
+
+        with self._running_lock:
+            if argv is None:
+                self._running.pop(pgid, None)
+            else:
+                with contextlib.suppress(psutil.Error):
+                    created = psutil.Process(pgid).create_time()
+                    self._running[pgid] = {"pgid": pgid, "created": created, "argv": list(argv)}
+            with contextlib.suppress(OSError):
+                write_private(self.record, json.dumps(list(self._running.values())))
+
+    def settle_left(self, grace: float = 5.0) -> list[str]:
+        """End the commands a killed watchdog left running (their whole process group), and
+        say which. A group is ours when its leader is the process we started (PID and start
+        time), or, with the leader gone, while members of it remain: a process group's number
+        is not given to a new process while the group has members."""
+        if self.record is None:
+            return []
+        from mlx_watchdog.record.private import UnsafeState, read_private
+
+        try:
+            entries = json.loads(read_private(self.record))
+        except (OSError, UnsafeState, ValueError):
+            return []
+        said = []
+        for entry in entries if isinstance(entries, list) else []:
+            try:
+                pgid, created = int(entry["pgid"]), float(entry["created"])
+                argv = " ".join(str(a) for a in entry["argv"])[:200]
+            except (KeyError, TypeError, ValueError):
+                continue
+            if not self._ours(pgid, created):
+                continue
+            self.kill_group(pgid, signal.SIGTERM)
+            if not wait_for(lambda pgid=pgid: not _members(pgid), grace, self):  # type: ignore[misc]
+                self.kill_group(pgid, signal.SIGKILL)
+            said.append(f"{argv} (process group {pgid})")
+        with contextlib.suppress(OSError):
+            self.record.unlink()
+        return said
+
+    @staticmethod
+    def _ours(pgid: int, created: float) -> bool:
+        try:
+            leader = psutil.Process(pgid)
+            return abs(leader.create_time() - created) < 0.01 and os.getpgid(pgid) == pgid
+        except psutil.NoSuchProcess:
+            return bool(_members(pgid))
+        except (psutil.Error, OSError):
+            return False
 
     def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes] | None
@@ -123,6 +188,16 @@ class System:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
+
+def _members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+    return members
 
 
 class Manager(Protocol):
