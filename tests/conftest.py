@@ -230,10 +230,14 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
     def start(
-        mode: str, delay: float = 1.5, kind: str = "mlx_lm", ok_requests: int | None = None
+        mode: str,
+        delay: float = 1.5,
+        kind: str = "mlx_lm",
+        ok_requests: int | None = None,
+        port: int | None = None,
     ) -> Running:
-        port = free_port()
-        log = tmp_path / f"bad-{mode}.log"
+        port = port or free_port()
+        log = tmp_path / f"bad-{mode}-{port}-{len(started)}.log"
         fh = log.open("wb")
         proc = subprocess.Popen(
             [

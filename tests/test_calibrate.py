@@ -130,3 +130,24 @@ def test_calibrate_refuses_while_a_client_is_served(
     time.sleep(1.0)
     proc = calibrate(serial_server.url, "--sizes", "500,2k")
     assert proc.returncode == 1 and "not calibrating" in proc.stderr and "--force" in proc.stderr
+
+
+def test_a_server_restarted_while_measured_is_told_apart(
+    bad_server: Callable[..., Running],
+) -> None:
+    """calibrate and compare keep nothing measured across a restart (a running watchdog's, or
+    anyone's): the listening process before and after must be the same one."""
+    from mlx_watchdog.advice.calibrate import replaced, serving_process
+    from mlx_watchdog.config import ServerConfig
+
+    first = bad_server("ok")
+    server = ServerConfig(name="s", url=first.url)
+    before = serving_process(server)
+    assert before is not None and before[0] == first.proc.pid
+    assert replaced(server, before) is None
+    first.stop()
+    assert "nothing listens now" in (replaced(server, before) or "")
+    second = bad_server("ok", port=first.port)
+    why = replaced(server, before) or ""
+    assert f"PID {first.proc.pid}, now PID {second.proc.pid}" in why
+    assert replaced(server, None) is None  # a server on another machine: nothing to compare

@@ -7,6 +7,7 @@ import os
 import re
 import stat
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -505,3 +506,37 @@ def test_open_routes_names_only_guarded_routes() -> None:
     wanted = 'watchdog.open_routes = ["/healthz"]: "/healthz" is not a route'
     with pytest.raises(ConfigError, match=re.escape(wanted)):
         parse_config({"watchdog": {"open_routes": ["/healthz"]}})
+
+
+def test_a_persons_restart_never_repeats_the_watchdogs_and_reports_how_it_ended(
+    tmp_path: Path, hanging: BadByPidfile
+) -> None:
+    """While the daemon restarts a wedged server, and just after it serves again, `restart`
+    is refused, saying what happened; later it runs, and waits for and prints the outcome."""
+    from tests.test_daemon import daemon_process, restarts_in, toml
+
+    raw = command_config(tmp_path, hanging)
+    raw["server"][0]["restart_command"][-1] = "3"  # type: ignore[index]  # a 3 s restart
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(toml(raw))
+    log = tmp_path / "daemon.log"
+    db = tmp_path / "state" / "history.db"
+    proc = daemon_process(cfg, log)
+    try:
+        until(lambda: "restarting through" in log.read_text(), 30, "the daemon's restart")
+        during = cli(cfg, "restart", "bad")
+        assert during.returncode == 1 and "is being restarted already" in during.stderr
+        until(lambda: "recovered" in log.read_text(), 30, "the daemon's restart to end")
+        after = cli(cfg, "restart", "bad")
+        assert after.returncode == 1 and "and serves again" in after.stderr, after.stderr
+        assert restarts_in(db) == [("wedged", "recovered")]  # no second restart asked
+        time.sleep(10)
+        later = cli(cfg, "restart", "bad")
+        assert later.returncode == 0, later.stdout + later.stderr
+        assert "restarted bad: serving again after" in later.stdout
+        assert restarts_in(db) == [("wedged", "recovered"), ("manual", "recovered")]
+        quick = cli(cfg, "restart", "bad", "--no-wait")
+        assert quick.returncode == 1 and "serves again" in quick.stderr
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

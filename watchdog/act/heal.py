@@ -68,6 +68,16 @@ TRANSITIONS: dict[tuple[Phase, Phase], frozenset[str]] = {
 }
 
 
+@dataclass(frozen=True)
+class LastRestart:
+    """The last restart as people see it; `outcome` None while it runs."""
+
+    at: float
+    trigger: str
+    outcome: str | None = None  # recovered, failed, interrupted
+    finished_at: float | None = None
+
+
 @dataclass
 class OpenIncident:
     """An incident lives here, in memory; its history row is optional (a locked or lost
@@ -123,6 +133,7 @@ class Watch:
     # The budget's restarts: earlier runs' as the history has them (wall time), this run's on
     # the span clock, so that a locked history or a clock step changes nothing within a run.
     restarts_before: list[float] = field(default_factory=list)
+    last_restart: LastRestart | None = None
     restarts_here: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
 
     def restarts(self, wall: float, mono: float) -> list[float]:
@@ -217,6 +228,7 @@ class Healer:
         w.checker.abort()  # its server is about to be replaced
         started = self.clock()
         w.restarts_here.append(self.monotonic())
+        w.last_restart = LastRestart(started, trigger)
         rid = self.store.start_restart(server.name, started, trigger)
         self.transition(
             w,
@@ -237,6 +249,7 @@ class Healer:
                 self.undrain(w)
         done = self.clock()
         result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
+        w.last_restart = LastRestart(started, trigger, result, done)
         self.store.finish_restart(rid, done, result)
         self.store.add_action(
             w.incident.id if w.incident else None,

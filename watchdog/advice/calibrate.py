@@ -261,6 +261,35 @@ def context_length(cmdline: Sequence[str]) -> int | None:
     return None
 
 
+def serving_process(server: ServerConfig) -> tuple[int, float] | None:
+    """The process listening on the server's port (PID, start time), when this machine has it."""
+    import psutil
+
+    from mlx_watchdog.sense.evidence import ProcessTable
+
+    pid = ProcessTable().listener(server.port)
+    try:
+        return None if pid is None else (pid, psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def replaced(server: ServerConfig, before: tuple[int, float] | None) -> str | None:
+    """Why what was measured since `before` is not this server's: it was restarted meanwhile
+    (by a running watchdog, its service manager or a person), so the timings mix two
+    processes, one of them starting with a cold cache. None when the same process serves."""
+    if before is None:
+        return None
+    now = serving_process(server)
+    if now == before:
+        return None
+    after = "nothing listens now" if now is None else f"now PID {now[0]}"
+    return (
+        f"{server.name} was restarted while being measured (PID {before[0]}, {after}: a "
+        "watchdog, its service manager or a person restarted it)"
+    )
+
+
 def refusal(
     server: ServerConfig, left: LeftProbes | None = None
 ) -> tuple[str | None, Sequence[str]]:

@@ -66,7 +66,9 @@ def calibrate(
         context_length,
         parse_tokens,
         refusal,
+        replaced,
         run_calibration,
+        serving_process,
     )
     from mlx_watchdog.config import ConfigError
     from mlx_watchdog.judge.advice import tokens_label
@@ -98,10 +100,19 @@ def calibrate(
         )
         sys.exit(1)
     say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
+    before = serving_process(server)
     try:
         cal = run_calibration(server, sizes_n, say=say)
     except CalibrationError as exc:
         raise click.ClickException(str(exc)) from None
+    moved = replaced(server, before)
+    if moved is not None:
+        err.print(
+            f"[yellow]not kept:[/yellow] {escape(moved)}; its timings mix two processes. "
+            "Calibrate again once it serves.",
+            soft_wrap=True,
+        )
+        sys.exit(1)
     prompt = limit or context_length(cmdline)
     assumed = prompt is None
     prompt = prompt or 32 * 1024

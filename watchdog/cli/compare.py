@@ -54,7 +54,13 @@ def compare(
 
     from rich.table import Table
 
-    from mlx_watchdog.advice.calibrate import CalibrationError, parse_tokens, refusal
+    from mlx_watchdog.advice.calibrate import (
+        CalibrationError,
+        parse_tokens,
+        refusal,
+        replaced,
+        serving_process,
+    )
     from mlx_watchdog.advice.compare import compare as run_compare
     from mlx_watchdog.advice.compare import findings, table
     from mlx_watchdog.config import ConfigError, parse_duration
@@ -83,11 +89,21 @@ def compare(
             )
             sys.exit(1)
     say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
+    before = {side.url: serving_process(side) for side in (a, b)}
     try:
         result = run_compare(a, b, tokens, say=say, timeout=seconds)
     except CalibrationError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
+    for side in (a, b):
+        moved = replaced(side, before[side.url])
+        if moved is not None:
+            err.print(
+                f"[yellow]no comparison:[/yellow] {escape(moved)}; its figures mix two "
+                "processes. Compare again once both serve.",
+                soft_wrap=True,
+            )
+            sys.exit(1)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return

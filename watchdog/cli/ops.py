@@ -209,10 +209,23 @@ def _action(action: str) -> click.Command:
 
     @config_option
     @click.argument("name")
-    def command(config_path: Path | None, name: str) -> None:
+    @click.option(
+        "--no-wait",
+        is_flag=True,
+        hidden=action != "restart",
+        help="Return once the watchdog has the request, without waiting for the restart's end.",
+    )
+    def command(config_path: Path | None, name: str, no_wait: bool) -> None:
+        from mlx_watchdog.config import ConfigError
         from mlx_watchdog.serve.client import ActionRefused, DaemonNotRunning, act
 
         cfg = load_or_exit(config_path)
+        try:
+            server = cfg.server(name)
+        except ConfigError as exc:
+            err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            sys.exit(UNKNOWN_EXIT)
+        asked = time.time()
         try:
             message = act(cfg.watchdog.state_dir, name, action)
         except DaemonNotRunning as exc:
@@ -220,10 +233,45 @@ def _action(action: str) -> click.Command:
             sys.exit(UNKNOWN_EXIT)
         except ActionRefused as exc:
             raise click.ClickException(str(exc)) from None
-        click.echo(message)
+        if action != "restart" or no_wait:
+            click.echo(message)
+            return
+        restart, drain = server.restart, server.restart.drain_timeout if server.restart.drain else 0
+        bound = drain + restart.stop_grace + restart.command_timeout + server.probe.startup_grace
+        sys.exit(_await_restart(cfg, name, asked, bound + 2 * cfg.watchdog.interval + 10))
 
     command.__doc__ = help_text
     return click.command(action, help=help_text)(command)
+
+
+def _await_restart(cfg: Any, name: str, asked: float, bound: float) -> int:
+    """Follow the asked restart in the daemon's status until it ends; say how, and the exit
+    code: 0 it serves again, 2 it does not, 3 the watchdog cannot tell."""
+    from mlx_watchdog.serve.client import DaemonNotRunning, live_status
+
+    err.print(f"restart of {name} asked for; waiting for it to end (up to {bound:.0f} s)")
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        try:
+            doc = live_status(cfg.watchdog.state_dir)
+        except DaemonNotRunning as exc:
+            err.print(f"[red]error:[/red] {escape(str(exc))} while the restart ran")
+            return UNKNOWN_EXIT
+        server: dict[str, Any] = next(
+            (s for s in doc.get("servers", []) if s.get("name") == name), {}
+        )
+        last = server.get("last_restart") or {}
+        at, outcome = last.get("at"), last.get("outcome")
+        if isinstance(at, (int, float)) and at >= asked - 1 and outcome is not None:
+            took = float(last.get("finished_at") or at) - at
+            if outcome == "recovered":
+                click.echo(f"restarted {name}: serving again after {took:.1f} s")
+                return 0
+            click.echo(f"restart of {name} {outcome} after {took:.1f} s: {server.get('reason')}")
+            return UNKNOWN_EXIT if outcome == "interrupted" else 2
+        time.sleep(0.5)
+    err.print(f"the restart of {name} had not ended after {bound:.0f} s; see `mlx-watchdog status`")
+    return UNKNOWN_EXIT
 
 
 target_option = click.option(

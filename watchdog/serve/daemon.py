@@ -7,6 +7,7 @@ nothing heavy ever runs inside a handler.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -36,7 +37,7 @@ from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT, fresh_for
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
-from mlx_watchdog.serve.endpoint import ensure_token
+from mlx_watchdog.serve.endpoint import Conflict, ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
 from mlx_watchdog.serve.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
 from mlx_watchdog.serve.logs import own_log, rotate
@@ -55,6 +56,7 @@ log = logging.getLogger("mlx_watchdog")
 
 LOG_CHECK = 60.0  # seconds between log size checks
 LOCK_FILE = "daemon.lock"
+RECENT_RESTART = 10.0  # a person's restart this soon after one that worked is a repeat
 COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
 
 
@@ -337,6 +339,7 @@ class Daemon:
             },
             needs_person=w.needs_person,
             last_token_at=w.last_token_at,
+            last_restart=None if w.last_restart is None else dataclasses.asdict(w.last_restart),
             incidents_24h=len([at for at in list(w.opened) if at >= now - DAY]),
             gave_up_24h=sum(n for at, n in list(w.gave_up) if at >= now - DAY),
         )
@@ -346,9 +349,31 @@ class Daemon:
 
     def act(self, name: str, action: str) -> str:
         w = self.watches[name]  # KeyError: no such server
+        if action == "restart":
+            self._no_second_restart(w)
         w.requests.append(action)
         self.schedule.wake(name)
         return f"{action} of {name} queued; it runs at the server's next tick"
+
+    def _no_second_restart(self, w: Watch) -> None:
+        """A person's restart while one runs, is queued, or just brought the server back would
+        be a second restart for one cause: refused, saying what happened instead."""
+        name, last, now = w.server.name, w.last_restart, self.clock()
+        if "restart" in w.requests:
+            raise Conflict(f"a restart of {name} is already asked for")
+        if last is None:
+            return
+        if w.restarting:
+            raise Conflict(
+                f"{name} is being restarted already ({last.trigger}, begun "
+                f"{now - last.at:.0f} s ago); `status` shows how it ends"
+            )
+        recent = max(RECENT_RESTART, 2 * self.config.watchdog.interval)
+        if last.outcome == "recovered" and last.finished_at and now - last.finished_at < recent:
+            raise Conflict(
+                f"{name} was restarted {now - last.at:.0f} s ago ({last.trigger}) and serves "
+                f"again; if it needs another, ask again in {recent - (now - last.finished_at):.0f} s"
+            )
 
     def _advice(self, w: Watch, v: Verdict) -> str | None:
         waits = list(v.evidence.gave_up_after_s)

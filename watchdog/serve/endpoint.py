@@ -46,7 +46,12 @@ class Backend(Protocol):
         """The Prometheus exposition and its content type."""
 
     def act(self, name: str, action: str) -> str:
-        """Queue `action` for server `name`; the message to answer. KeyError: no such server."""
+        """Queue `action` for server `name`; the message to answer. KeyError: no such server;
+        Conflict: it would repeat what is already running or just done."""
+
+
+class Conflict(Exception):
+    """An action the server's state makes a repeat (409); the message says what is going on."""
 
 
 def ensure_token(path: Path) -> str:
@@ -128,6 +133,9 @@ def make_handler(
                 message = backend.act(parts[1], parts[2])
             except KeyError:
                 self._error(404, f'no server named "{parts[1]}"')
+                return
+            except Conflict as exc:
+                self._error(409, str(exc))
                 return
             self._json(202, {"server": parts[1], "action": parts[2], "message": message})
 

@@ -38,6 +38,7 @@ class Held:
     # How often the server was provoked, over the last day: incidents opened, clients that left.
     incidents_24h: int = 0
     gave_up_24h: int = 0
+    last_restart: dict[str, Any] | None = None  # at, trigger, outcome, finished_at
 
 
 def describe(
@@ -92,6 +93,7 @@ def describe(
         "server_running": e.server_running,
         "server_waiting": e.server_waiting,
         "incident": held.incident,
+        "last_restart": held.last_restart,
     }
 
 
@@ -108,9 +110,19 @@ def restart_span(server: ServerConfig) -> float:
 def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, Any]:
     """The document as the last recorded probe left it (the daemon is not running)."""
     incident = store.open_incident_for(server.name)
+    restarts = store.restarts(server.name, now - restart_span(server))
+    last = restarts[-1] if restarts else None
     held = Held(
         ttfts=[t for _, t in store.ttfts(server.name, now - TTFT_WINDOW)],
-        restarts=[r.at for r in store.restarts(server.name, now - restart_span(server))],
+        restarts=[r.at for r in restarts],
+        last_restart=None
+        if last is None
+        else {
+            "at": last.at,
+            "trigger": last.trigger,
+            "outcome": last.outcome,
+            "finished_at": last.finished_at,
+        },
         incident=None
         if incident is None
         else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
