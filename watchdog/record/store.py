@@ -94,8 +94,8 @@ def row_id(ref: Ref) -> int | None:
     return ref.id if isinstance(ref, Row) else ref
 
 
-class _Locked(Exception):
-    """Another process holds the database's lock: try again later."""
+class _Later(Exception):
+    """Another process holds the database's lock, or the disk is full: try again later."""
 
 
 @dataclass(frozen=True)
@@ -248,8 +248,8 @@ class Store:
     def _guard(
         self, default: T, work: Callable[[sqlite3.Connection], T], *, wait: bool = False
     ) -> T:
-        """`work` on the database, through its faults; `wait`: raise _Locked on another
-        process's lock instead of giving up (the writer thread tries again)."""
+        """`work` on the database, through its faults; `wait`: raise _Later on another
+        process's lock or a full disk instead of giving up (the writer thread tries again)."""
         with self._lock:
             if self._closed:  # a job still finishing after shutdown: nothing to write to
                 return default
@@ -258,9 +258,9 @@ class Store:
                     return work(self._db)
                 except sqlite3.OperationalError as exc:
                     text = str(exc).lower()
+                    if wait and ("locked" in text or "busy" in text or "full" in text):
+                        raise _Later(str(exc)) from None
                     if "locked" in text or "busy" in text:
-                        if wait:
-                            raise _Locked(str(exc)) from None
                         self._report(f"history database is locked; skipped ({exc})")
                         return default
                     if attempt == 2:
@@ -285,7 +285,10 @@ class Store:
             yield db
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back by itself (a full disk): the first error is the one.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
 
     def _write(
@@ -324,8 +327,8 @@ class Store:
         return row
 
     def _write_behind(self) -> None:
-        """The writer thread: each queued write in order; another process's lock is waited
-        out, a write at a time, so the queue keeps everything the ticks asked for."""
+        """The writer thread: each queued write in order; another process's lock or a full
+        disk is waited out, a write at a time, so the queue keeps what the ticks asked for."""
         said_locked = False
         while True:
             with self._queued:
@@ -336,16 +339,16 @@ class Store:
                 work = self._queue[0]
             try:
                 self._guard(None, work, wait=True)
-            except _Locked as exc:
+            except _Later as exc:
                 if not said_locked:
                     said_locked = True
-                    self._report(f"history database is locked; writes wait for it ({exc})")
+                    self._report(f"history database cannot be written now ({exc}); writes wait")
                 with self._queued:
                     self._queued.wait(RETRY_LOCKED)
                 continue
             if said_locked:
                 said_locked = False
-                log.info("history database is writable again")
+                log.info("history database is written again")
                 self.problem = None
             with self._queued:
                 self._queue.popleft()
