@@ -56,6 +56,7 @@ log = logging.getLogger("mlx_watchdog")
 
 LOG_CHECK = 60.0  # seconds between log size checks
 LOCK_FILE = "daemon.lock"
+STALLED_SETTLE = 2.0  # a stalled daemon's wait for its jobs before it interrupts them
 RECENT_RESTART = 10.0  # a person's restart this soon after one that worked is a repeat
 COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
 
@@ -518,7 +519,8 @@ class Daemon:
         finally:
             self.notifier.send("STOPPING=1")
             self.schedule.stop()
-            self._finish()
+            # Ticks that stopped will not end by themselves: no long wait for them.
+            self._finish(STALLED_SETTLE if code == EXIT_STALLED else STOP_TIMEOUT)
         return code
 
     def _give_up(self, why: str) -> int:
@@ -587,11 +589,11 @@ class Daemon:
         if server.manager == before.manager == "process" and _runs(server) != _runs(before):
             self.healer.heal(w, "reload", "its command changed in the config", manual=True)
 
-    def _finish(self) -> None:
+    def _finish(self, settle: float = STOP_TIMEOUT) -> None:
         self._stop.set()
-        if not self._settle(STOP_TIMEOUT):
+        if not self._settle(settle):
             # A restart still running: kill its command so it ends, recorded as interrupted.
-            log.warning("a restart is still running after %gs; interrupting it", STOP_TIMEOUT)
+            log.warning("a restart is still running after %gs; interrupting it", settle)
             self.system.interrupt()
             self._settle(INTERRUPT_TIMEOUT)
             self.system.resume()  # the managed servers still get their stop grace
