@@ -77,7 +77,7 @@ def test_abandoned_wedge_is_healed_once_and_reported(
 
     assert send(config.servers[0].url, long_prompt(11), timeout=2.0) == "gave up"
     until(
-        lambda: w.incident is None and t.daemon.store.incidents(0.0),
+        lambda: w.incident is None and any(i.closed_at for i in t.daemon.store.incidents(0.0)),
         120,
         "the incident to be opened and closed",
     )
