@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.managers import (
     Manager,
     ManagerError,
@@ -24,7 +25,6 @@ from mlx_watchdog.act.managers import (
 )
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import decide
-from mlx_watchdog.judge.check import Checker
 from mlx_watchdog.judge.triggers import Streak
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Event

@@ -21,16 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from mlx_watchdog import __version__
+from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.heal import Healer, OpenIncident, Phase, Watch
 from mlx_watchdog.act.managers import System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.advice import incident_advice
-from mlx_watchdog.judge.check import Checker, left_probes
 from mlx_watchdog.judge.states import BAD_STATES, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
+from mlx_watchdog.record.left import left_probes
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store, row_id
 from mlx_watchdog.sense.evidence import ProcessTable
