@@ -361,11 +361,9 @@ def test_one_span_moved_keeps_the_others_in_order(key: str, seconds: float) -> N
     after = before.around(key, seconds)
     values = [getattr(after, k) for k in SPANS]
     assert getattr(after, key) == seconds
-    assert (
-        values == sorted(values)
-        and after.hard_timeout >= 2 * after.max_busy
-        or (key == "hard_timeout" and after.max_busy <= after.hard_timeout)
-    )
+    assert values == sorted(values)
+    if key != "hard_timeout":  # set by hand, the hard timeout may be shorter than that
+        assert after.hard_timeout >= 2 * after.max_busy
     for k in SPANS:  # moved only as far as the order needs
         if getattr(after, k) != getattr(before, k):
             assert k == key or getattr(after, k) in (seconds, 2 * after.max_busy)
