@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 
 import httpx
 
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.config.profiles import KINDS, PROFILES, Kind
-from mlx_watchdog.judge.check import LeftProbes, check_once
+from mlx_watchdog.record.left import LeftProbes
 
 GEN = "/v1/chat/completions"
 PROBE = ProbeSettings(

@@ -70,5 +70,5 @@ def test_failing_hook_and_unknown_url_are_logged(
         alerter.flush()
     assert "exited 4: broken" in caplog.text
     assert "is not one Apprise knows" in caplog.text and "token123" not in caplog.text
-    assert alerter.delivered == []
+    assert list(alerter.delivered) == []
     alerter.close()

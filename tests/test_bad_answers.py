@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig
-from mlx_watchdog.judge.check import check_once
 from mlx_watchdog.judge.verdict import Observation, judge
 from mlx_watchdog.sense.evidence import Inspector
 from mlx_watchdog.sense.probe import Probe

@@ -10,6 +10,7 @@ import pytest
 
 from mlx_watchdog.config import (
     ConfigError,
+    ProbeSettings,
     effective,
     format_duration,
     load_config,
@@ -348,3 +349,21 @@ def test_a_nul_in_a_path_or_an_argument_names_the_key() -> None:
         'command = ["mlx_lm.server", "--x\\u0000"]'
     )
     assert 'server "q": command' in msg and "holds a NUL character" in msg
+
+
+@pytest.mark.parametrize("key", ["slow_after", "wedge_after", "max_busy", "hard_timeout"])
+@pytest.mark.parametrize("seconds", [0.001, 0.5, 45.0, 3600.0, 86400.0 * 3])
+def test_one_span_moved_keeps_the_others_in_order(key: str, seconds: float) -> None:
+    """`probe --wedge-after`, calibrate and the config file share one ordering rule."""
+    from mlx_watchdog.config.schema import SPANS
+
+    before = ProbeSettings()
+    after = before.around(key, seconds)
+    values = [getattr(after, k) for k in SPANS]
+    assert getattr(after, key) == seconds
+    assert values == sorted(values)
+    if key != "hard_timeout":  # set by hand, the hard timeout may be shorter than that
+        assert after.hard_timeout >= 2 * after.max_busy
+    for k in SPANS:  # moved only as far as the order needs
+        if getattr(after, k) != getattr(before, k):
+            assert k == key or getattr(after, k) in (seconds, 2 * after.max_busy)

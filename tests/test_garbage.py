@@ -208,7 +208,7 @@ def test_a_report_reader_survives_every_hostile_body() -> None:
 def test_a_left_probes_record_that_is_not_one_is_read_as_empty_and_rewritten(
     tmp_path: Path, text: str
 ) -> None:
-    from mlx_watchdog.judge.check import LeftProbes
+    from mlx_watchdog.record.left import LeftProbes
 
     path = tmp_path / "left-probes.json"
     path.write_text(text)

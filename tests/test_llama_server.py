@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig, parse_config
 from mlx_watchdog.demo.run import long_prompt, send
-from mlx_watchdog.judge.check import check_once
 from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import DaemonThread, Running, StartLlama, free_port, llama_argv, until
 

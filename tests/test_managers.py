@@ -14,13 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.heal import Healer, Watch
 from mlx_watchdog.act.managers import System, identity_problem
 from mlx_watchdog.act.managers.launchd import LaunchdManager
 from mlx_watchdog.act.managers.process import ProcessManager
 from mlx_watchdog.act.managers.systemd import SystemdManager
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.check import Checker
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.evidence import ProcessTable

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.act.check import Checker, check_once
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.check import Checker, LeftProbes, check_once
+from mlx_watchdog.record.left import LeftProbes
 from tests.conftest import Running
 from tests.test_bad_answers import FAST, _post
 

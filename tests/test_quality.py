@@ -45,7 +45,7 @@ def test_layers_and_no_click_or_rich_in_the_core() -> None:
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
 @pytest.fixture(scope="module")

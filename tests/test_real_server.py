@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.demo.run import long_prompt, send
-from mlx_watchdog.judge.check import check_once
 from mlx_watchdog.judge.verdict import Evidence
 from tests.conftest import Running, StartServer, free_port, mlx_watchdog
 

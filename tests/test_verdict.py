@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.states import EXIT_CODES, STATES
 from mlx_watchdog.judge.verdict import Observation, judge, leaked_requests
-from mlx_watchdog.sense.evidence import Client, ProcessEvidence
-from mlx_watchdog.sense.findings import LoadReport
+from mlx_watchdog.sense.findings import Client, LoadReport, ProcessEvidence
 from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
 
 S = ProbeSettings(slow_after=10, wedge_after=60, max_busy=900, startup_grace=120, hard_timeout=1800)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.managers import (
     Manager,
     ManagerError,
@@ -24,7 +25,7 @@ from mlx_watchdog.act.managers import (
 )
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import decide
-from mlx_watchdog.judge.check import Checker
+from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.triggers import Streak
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Event
@@ -47,24 +48,27 @@ class Phase(StrEnum):
 
 
 # Each allowed move, and the events it may fire: the one place incident events come from.
-TRANSITIONS: dict[tuple[Phase, Phase], frozenset[str]] = {
+E = EventKind
+TRANSITIONS: dict[tuple[Phase, Phase], frozenset[EventKind | None]] = {
     # A wedged, dead or down verdict opens an incident.
-    (Phase.NORMAL, Phase.FAILING): frozenset({"detected"}),
+    (Phase.NORMAL, Phase.FAILING): frozenset({E.DETECTED}),
     # A trigger the budget allows; or a person's restart, held or not, incident or not.
-    (Phase.FAILING, Phase.RESTARTING): frozenset({"restarting"}),
-    (Phase.HELD, Phase.RESTARTING): frozenset({"restarting"}),
-    (Phase.NORMAL, Phase.RESTARTING): frozenset({"restarting"}),
+    (Phase.FAILING, Phase.RESTARTING): frozenset({E.RESTARTING}),
+    (Phase.HELD, Phase.RESTARTING): frozenset({E.RESTARTING}),
+    (Phase.NORMAL, Phase.RESTARTING): frozenset({E.RESTARTING}),
     # A token after the restart; or a person's restart of a server with no incident open,
     # whatever its end (a server that does not serve afterwards gets its incident next tick).
-    (Phase.RESTARTING, Phase.NORMAL): frozenset({"recovered", "", "restart_failed", "interrupted"}),
+    (Phase.RESTARTING, Phase.NORMAL): frozenset(
+        {E.RECOVERED, None, E.RESTART_FAILED, E.INTERRUPTED}
+    ),
     # No token by startup_grace, a manager that failed, or the watchdog stopping meanwhile.
-    (Phase.RESTARTING, Phase.FAILING): frozenset({"restart_failed", "interrupted"}),
-    (Phase.RESTARTING, Phase.HELD): frozenset({"restart_failed", "interrupted"}),
+    (Phase.RESTARTING, Phase.FAILING): frozenset({E.RESTART_FAILED, E.INTERRUPTED}),
+    (Phase.RESTARTING, Phase.HELD): frozenset({E.RESTART_FAILED, E.INTERRUPTED}),
     # The budget is spent: nothing more is tried until a person acts or the server serves.
-    (Phase.FAILING, Phase.HELD): frozenset({"budget_spent"}),
+    (Phase.FAILING, Phase.HELD): frozenset({E.BUDGET_SPENT}),
     # A token without a restart: it recovered by itself, which also ends a hold.
-    (Phase.FAILING, Phase.NORMAL): frozenset({"recovered"}),
-    (Phase.HELD, Phase.NORMAL): frozenset({"recovered", ""}),
+    (Phase.FAILING, Phase.NORMAL): frozenset({E.RECOVERED}),
+    (Phase.HELD, Phase.NORMAL): frozenset({E.RECOVERED, None}),
 }
 
 
@@ -88,7 +92,6 @@ class OpenIncident:
     state: str  # the state that opened it
     id: Ref = None  # its row in the history (written behind: its id once written)
     advised_waits: list[float] = field(default_factory=list)  # what the advice says
-    said: set[str] = field(default_factory=set)  # one alert per kind per incident
 
 
 @dataclass
@@ -171,8 +174,10 @@ class Healer:
         self.stopping = stopping
         self.on_event = on_event
 
-    def transition(self, w: Watch, to: Phase, kind: str, message: str, **data: object) -> None:
-        """Move the server to `to` and fire the event of that move (none for "")."""
+    def transition(
+        self, w: Watch, to: Phase, kind: EventKind | None, message: str, **data: object
+    ) -> None:
+        """Move the server to `to` and fire the event of that move (none for None)."""
         allowed = TRANSITIONS.get((w.phase, to), frozenset())
         if kind not in allowed:
             raise AssertionError(f"{w.server.name}: no {kind or 'silent'} move {w.phase} -> {to}")
@@ -180,13 +185,13 @@ class Healer:
         if kind:
             self.emit(w, kind, message, **data)
 
-    def emit(self, w: Watch, kind: str, message: str, **data: object) -> None:
+    def emit(self, w: Watch, kind: EventKind, message: str, **data: object) -> None:
         """Record, log and send one event; incident events come through `transition`."""
         now = self.clock()
         state = w.verdict.state if w.verdict else None
         log.log(
             logging.ERROR
-            if kind in ("restart_failed", "budget_spent", "refused")
+            if kind in (E.RESTART_FAILED, E.BUDGET_SPENT, E.REFUSED)
             else logging.WARNING,
             "%s %s: %s",
             w.server.name,
@@ -207,7 +212,7 @@ class Healer:
         now = self.clock()
         if isinstance(w.manager, NoManager):
             if manual:
-                self.emit(w, "refused", 'not restarting: manager = "none" observes only')
+                self.emit(w, E.REFUSED, 'not restarting: manager = "none" observes only')
             return False
         if not manual and not self._budget_allows(w, now):
             return False
@@ -219,7 +224,7 @@ class Healer:
         if problem is not None:
             if manual or not w.refused_said:
                 w.refused_said = True
-                self.emit(w, "refused", f"not restarting: {problem}", pid=pid)
+                self.emit(w, E.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
 
         drained_here = server.restart.drain and not w.draining  # a person's drain stays
@@ -233,7 +238,7 @@ class Healer:
         self.transition(
             w,
             Phase.RESTARTING,
-            "restarting",
+            E.RESTARTING,
             f"restarting through {w.manager.kind} ({reason})",
             trigger=trigger,
             pid=pid,
@@ -271,7 +276,7 @@ class Healer:
             else (Phase.FAILING if w.incident is not None else Phase.NORMAL)
         )
         if result == "interrupted":
-            self.transition(w, back, "interrupted", "the watchdog stopped during the restart")
+            self.transition(w, back, E.INTERRUPTED, "the watchdog stopped during the restart")
         else:
             exited = w.manager.exited()
             if not outcome.ok:
@@ -280,7 +285,7 @@ class Healer:
                 why = f"the server {exited} before it served"
             else:
                 why = f"no token within startup_grace ({server.probe.startup_grace:g}s)"
-            self.transition(w, back, "restart_failed", why, steps=list(outcome.steps))
+            self.transition(w, back, E.RESTART_FAILED, why, steps=list(outcome.steps))
         return False
 
     def _budget_allows(self, w: Watch, now: float) -> bool:
@@ -295,7 +300,7 @@ class Healer:
                 self.transition(
                     w,
                     Phase.HELD,
-                    "budget_spent",
+                    E.BUDGET_SPENT,
                     f"{w.needs_person}; a person is needed "
                     f"(still probing; a healthy probe ends the hold)",
                 )
@@ -319,7 +324,7 @@ class Healer:
         if advice:
             self.store.set_advice(w.incident.id, advice)
         message = f"{v.reason}. {advice}" if advice else v.reason
-        self.transition(w, Phase.FAILING, "detected", message, advice=advice, **_brief(v))
+        self.transition(w, Phase.FAILING, E.DETECTED, message, advice=advice, **_brief(v))
 
     def recovered(self, w: Watch, at: float, *, recover_s: float | None, how: str) -> None:
         w.streak = Streak()
@@ -331,7 +336,7 @@ class Healer:
         incident, w.incident = w.incident, None
         if incident is None:
             if w.phase is not Phase.NORMAL:
-                self.transition(w, Phase.NORMAL, "", "")
+                self.transition(w, Phase.NORMAL, None, "")
             return
         outage = at - incident.began_at
         if incident.id is not None:
@@ -342,7 +347,7 @@ class Healer:
         self.transition(
             w,
             Phase.NORMAL,
-            "recovered",
+            E.RECOVERED,
             f"serving again ({how}); {timing}",
             outage_s=round(outage, 3),
             recover_s=None if recover_s is None else round(recover_s, 3),

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import MARGIN, round_up
-from mlx_watchdog.judge.check import LeftProbes, check_once, with_wedge_after
+from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
 WORDS_PROBE = 300
@@ -172,12 +173,7 @@ def filler(words: int, nonce: str) -> str:
 
 def measure(server: ServerConfig, text: str, max_tokens: int, timeout: float) -> ProbeSnapshot:
     settings = replace(
-        server.probe,
-        prompt=text,
-        max_tokens=max_tokens,
-        hard_timeout=timeout,
-        wedge_after=min(server.probe.wedge_after, timeout),
-        max_busy=max(server.probe.max_busy, timeout),
+        server.probe.around("hard_timeout", timeout), prompt=text, max_tokens=max_tokens
     )
     snap = Probe(replace(server, probe=settings)).run()
     if snap.finding != OK or snap.first_token_at is None:
@@ -297,7 +293,9 @@ def refusal(
 
     Calibration sends long prompts; on a busy serial server every client behind it would wait.
     """
-    quick = replace(server, probe=with_wedge_after(server.probe, min(server.probe.slow_after, 10)))
+    quick = replace(
+        server, probe=server.probe.around("wedge_after", min(server.probe.slow_after, 10))
+    )
     result = check_once(quick, left=left)
     verdict, process = result.verdict, result.observation.process
     if verdict.state not in ("healthy", "slow"):

@@ -17,7 +17,7 @@ from mlx_watchdog.advice.calibrate import Advice, refusal
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.judge.advice import tokens_label
-from mlx_watchdog.judge.check import LeftProbes, left_probes
+from mlx_watchdog.record.left import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.sense.evidence import is_local_host

@@ -17,9 +17,10 @@ from typing import Any
 
 import httpx
 
+from mlx_watchdog.act.check import Checker
 from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.check import Checker, LeftProbes
+from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.evidence import Inspector
 from mlx_watchdog.sense.probe import OK, Probe, auth_headers
 

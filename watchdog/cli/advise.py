@@ -72,7 +72,7 @@ def calibrate(
     )
     from mlx_watchdog.config import ConfigError
     from mlx_watchdog.judge.advice import tokens_label
-    from mlx_watchdog.judge.check import left_probes
+    from mlx_watchdog.record.left import left_probes
     from mlx_watchdog.record.store import open_history
 
     if url and server_name:
@@ -216,7 +216,7 @@ def drill(
     from mlx_watchdog.advice.calibrate import parse_tokens, refusal
     from mlx_watchdog.advice.drill import plan, restart_through_daemon, run_drill
     from mlx_watchdog.config import ConfigError, parse_duration
-    from mlx_watchdog.judge.check import left_probes
+    from mlx_watchdog.record.left import left_probes
 
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")

@@ -64,7 +64,7 @@ def compare(
     from mlx_watchdog.advice.compare import compare as run_compare
     from mlx_watchdog.advice.compare import findings, table
     from mlx_watchdog.config import ConfigError, parse_duration
-    from mlx_watchdog.judge.check import left_probes
+    from mlx_watchdog.record.left import left_probes
 
     cfg = load_or_exit(config_path)
     try:

@@ -22,8 +22,8 @@ from mlx_watchdog.cli.app import (
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
+    from mlx_watchdog.act.check import CheckResult
     from mlx_watchdog.config import Config
-    from mlx_watchdog.judge.check import CheckResult
     from mlx_watchdog.serve.heartbeat import Notifier
 
 
@@ -52,14 +52,15 @@ def probe(
         raise click.UsageError("give --url or --server, not both")
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlx_watchdog.judge.check import check_once, left_probes, with_wedge_after
+    from mlx_watchdog.act.check import check_once
+    from mlx_watchdog.record.left import left_probes
 
     config = load_or_exit(config_path)
     try:
         servers = pick_servers(config, url, server_name)
         if wedge_after is not None:
             seconds = parse_duration(wedge_after, "--wedge-after")
-            servers = [replace(s, probe=with_wedge_after(s.probe, seconds)) for s in servers]
+            servers = [replace(s, probe=s.probe.around("wedge_after", seconds)) for s in servers]
     except (ConfigError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)

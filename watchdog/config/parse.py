@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from mlx_watchdog.config.profiles import PROFILES
 from mlx_watchdog.config.schema import (
+    SPANS,
     Config,
     ConfigError,
     ProbeSettings,
@@ -33,7 +34,6 @@ from mlx_watchdog.config.values import (
 )
 
 CONFIG_ENV = "MLX_WATCHDOG_CONFIG"
-_SPANS = ("slow_after", "wedge_after", "max_busy", "hard_timeout")  # each at most the next
 
 
 def keys(cls: type) -> list[Field[Any]]:
@@ -206,10 +206,10 @@ def _probe(raw: Mapping[str, Any], label: str, errors: list[str]) -> ProbeSettin
     _unknown(raw, {f.name for f in keys(ProbeSettings)}, f"{label}: [server.probe]", errors)
     d = ProbeSettings()
     c = _Collector(f"{label}: probe.", errors)
-    values = _present(_section(ProbeSettings, raw, c, skip=_SPANS))
-    written = {key: c.get(raw, key, parse_duration) for key in _SPANS if key in raw}
+    values = _present(_section(ProbeSettings, raw, c, skip=SPANS))
+    written = {key: c.get(raw, key, parse_duration) for key in SPANS if key in raw}
     written = {k: v for k, v in written.items() if v is not _ABSENT}
-    slow, wedge, busy, hard = (written.get(key) for key in _SPANS)
+    slow, wedge, busy, hard = (written.get(key) for key in SPANS)
     # What the user left out is derived from what they wrote, so only written values conflict.
     if wedge is None:
         ceiling = busy if busy is not None else (hard / 2 if hard is not None else d.wedge_after)
@@ -224,7 +224,7 @@ def _probe(raw: Mapping[str, Any], label: str, errors: list[str]) -> ProbeSettin
         **values, slow_after=slow, wedge_after=wedge, max_busy=busy, hard_timeout=hard
     )
     if c.ok:
-        spans = [(key, getattr(p, key)) for key in _SPANS if key in written]
+        spans = [(key, getattr(p, key)) for key in SPANS if key in written]
         for (a, va), (b, vb) in itertools.combinations(spans, 2):
             if va > vb or (b == "hard_timeout" and va == vb):
                 errors.append(

@@ -4,10 +4,11 @@ parsed, shown and documented. Parsing (`parse.py`), `config check` and the templ
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -63,6 +64,9 @@ def _duration(value: float) -> str:
     return format_duration(value)
 
 
+SPANS = ("slow_after", "wedge_after", "max_busy", "hard_timeout")  # each at most the next
+
+
 @dataclass(frozen=True)
 class ProbeSettings:
     prompt: str = setting(
@@ -107,6 +111,19 @@ class ProbeSettings:
         parse=float_range(0.0, 100.0),
         doc="below this, connected clients are not being served",
     )
+
+    def around(self, key: str, seconds: float) -> ProbeSettings:
+        """These settings with one span set, and the others moved as little as it takes to
+        keep SPANS in order around it (a hard timeout at least twice max_busy, as derived)."""
+        values = {k: getattr(self, k) for k in SPANS}
+        values[key] = seconds
+        at = SPANS.index(key)
+        for lower, upper in reversed(list(itertools.pairwise(SPANS[: at + 1]))):
+            values[lower] = min(values[lower], values[upper])
+        for lower, upper in itertools.pairwise(SPANS[at:]):
+            floor = 2 * values[lower] if upper == "hard_timeout" else values[lower]
+            values[upper] = max(values[upper], floor)
+        return replace(self, **values)
 
 
 @dataclass(frozen=True)

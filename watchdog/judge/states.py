@@ -18,6 +18,25 @@ class State(StrEnum):
     DOWN = "down"  # nothing listening, or no process
 
 
+class EventKind(StrEnum):
+    """What the watchdog tells: history events, alerts and the hook, the events metric's label."""
+
+    DETECTED = "detected"  # an incident opened
+    RESTARTING = "restarting"
+    RECOVERED = "recovered"
+    RESTART_FAILED = "restart_failed"
+    BUDGET_SPENT = "budget_spent"  # a person is needed
+    REFUSED = "refused"  # not restarting: the identity check, or manager = "none"
+    INTERRUPTED = "interrupted"  # the watchdog stopped during a restart
+    BLIND = "blind"  # no fresh verdict
+    SEEING = "seeing"  # a fresh verdict again
+    TICK_FAILED = "tick_failed"  # history only: a fault in a tick
+    GAVE_UP = "gave_up"  # history only: clients that left mid-request
+
+
+ALERTS = frozenset(EventKind) - {EventKind.TICK_FAILED, EventKind.GAVE_UP}
+
+
 STATES: tuple[State, ...] = tuple(State)
 SERVING_STATES = (State.HEALTHY, State.SLOW, State.BUSY)  # a balancer may route to these
 BAD_STATES = (State.WEDGED, State.DEAD, State.DOWN)  # an incident is open

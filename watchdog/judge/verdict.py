@@ -8,7 +8,6 @@ from typing import Any
 
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.states import EXIT_CODES, State
-from mlx_watchdog.sense.evidence import ProcessEvidence
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
@@ -17,6 +16,7 @@ from mlx_watchdog.sense.findings import (
     ModelsCheck,
     ProbeFinding,
     ProbeSnapshot,
+    ProcessEvidence,
 )
 
 

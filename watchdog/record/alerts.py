@@ -13,44 +13,35 @@ import queue
 import subprocess
 import threading
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlx_watchdog.config import mask_url
+from mlx_watchdog.judge.states import EventKind
 
 log = logging.getLogger("mlx_watchdog.alerts")
 # Apprise logs the URLs it cannot parse or reach, and those URLs carry tokens: keep it quiet and
 # report failures ourselves, with the URL masked.
 logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)
 
-KINDS = (
-    "detected",
-    "restarting",
-    "recovered",
-    "restart_failed",
-    "budget_spent",
-    "refused",
-    "interrupted",
-    "blind",
-    "seeing",
-)
-TITLES = {
-    "detected": "{server} is {state}",
-    "restarting": "restarting {server}",
-    "recovered": "{server} recovered",
-    "restart_failed": "restart of {server} failed",
-    "budget_spent": "{server} needs a person",
-    "refused": "refused to signal {server}",
-    "interrupted": "restart of {server} interrupted",
-    "blind": "the watchdog cannot see {server}",
-    "seeing": "the watchdog sees {server} again",
+TITLES: dict[EventKind, str] = {
+    EventKind.DETECTED: "{server} is {state}",
+    EventKind.RESTARTING: "restarting {server}",
+    EventKind.RECOVERED: "{server} recovered",
+    EventKind.RESTART_FAILED: "restart of {server} failed",
+    EventKind.BUDGET_SPENT: "{server} needs a person",
+    EventKind.REFUSED: "refused to signal {server}",
+    EventKind.INTERRUPTED: "restart of {server} interrupted",
+    EventKind.BLIND: "the watchdog cannot see {server}",
+    EventKind.SEEING: "the watchdog sees {server} again",
 }
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str
+    kind: EventKind
     server: str
     at: float
     message: str
@@ -94,7 +85,8 @@ class Alerter:
         self.hook = tuple(hook)
         self.timeout = timeout
         self.notify = notify
-        self.delivered: list[tuple[str, str]] = []  # (channel, event kind), for status and tests
+        # The last deliveries (channel, event kind), bounded: a long-running daemon keeps no more.
+        self.delivered: deque[tuple[str, str]] = deque(maxlen=100)
         # An Event to deliver, a threading.Event to set once all before it are delivered, or
         # None to stop.
         self._queue: queue.Queue[Event | threading.Event | None] = queue.Queue()

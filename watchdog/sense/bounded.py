@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-Address = tuple[str, int]
+from mlx_watchdog.sense.findings import Address
 
 
 class Overdue(httpx.TimeoutException):

@@ -11,57 +11,13 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import psutil
 
 from mlx_watchdog.config import ServerConfig
-
-Clock = Callable[[], float]
-Address = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class Client:
-    address: Address
-    status: str  # "live" or "abandoned"
-    first_seen: float
-    abandoned_since: float | None
-
-
-@dataclass(frozen=True)
-class ProcessEvidence:
-    pid: int | None
-    local: bool = True  # False: the server is on another machine; nothing to inspect
-    create_time: float | None = None  # on the sampling clock's timeline
-    cmdline: tuple[str, ...] = ()
-    matches: bool | None = None  # does the command line match the configured pattern
-    cpu_percent: float | None = None
-    rss_bytes: int | None = None
-    abandoned: int | None = None
-    live: int | None = None
-    clients: tuple[Client, ...] = field(default=())
-    error: str = ""
-
-    def age(self, now: float) -> float | None:
-        return None if self.create_time is None else now - self.create_time
-
-    def gave_up_after(self) -> list[float]:
-        """How long each abandoned client had waited when it left, where both ends were seen.
-
-        Both ends are sampled once a tick, so each figure is good to about one interval.
-        """
-        return sorted(
-            round(c.abandoned_since - c.first_seen, 1)
-            for c in self.clients
-            if c.abandoned_since is not None and c.abandoned_since > c.first_seen
-        )
-
-    def oldest_abandoned(self, now: float) -> float | None:
-        ages = [now - c.abandoned_since for c in self.clients if c.abandoned_since is not None]
-        return max(ages) if ages else None
+from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessEvidence
 
 
 class ProcessTable:

@@ -1,10 +1,56 @@
-"""What a probe and the /v1/models check found, as plain data: judging them needs no HTTP
-library (the verdict, `status` and the endpoint import this, not the probe)."""
+"""What a probe, the /v1/models check and a look at the server's process found, as plain data:
+judging them needs no HTTP library and no psutil (the verdict, `status` and the endpoint import
+this, not the probe nor the process table)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+Clock = Callable[[], float]
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Client:
+    address: Address
+    status: str  # "live" or "abandoned"
+    first_seen: float
+    abandoned_since: float | None
+
+
+@dataclass(frozen=True)
+class ProcessEvidence:
+    pid: int | None
+    local: bool = True  # False: the server is on another machine; nothing to inspect
+    create_time: float | None = None  # on the sampling clock's timeline
+    cmdline: tuple[str, ...] = ()
+    matches: bool | None = None  # does the command line match the configured pattern
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    abandoned: int | None = None
+    live: int | None = None
+    clients: tuple[Client, ...] = field(default=())
+    error: str = ""
+
+    def age(self, now: float) -> float | None:
+        return None if self.create_time is None else now - self.create_time
+
+    def gave_up_after(self) -> list[float]:
+        """How long each abandoned client had waited when it left, where both ends were seen.
+
+        Both ends are sampled once a tick, so each figure is good to about one interval.
+        """
+        return sorted(
+            round(c.abandoned_since - c.first_seen, 1)
+            for c in self.clients
+            if c.abandoned_since is not None and c.abandoned_since > c.first_seen
+        )
+
+    def oldest_abandoned(self, now: float) -> float | None:
+        ages = [now - c.abandoned_since for c in self.clients if c.abandoned_since is not None]
+        return max(ages) if ages else None
 
 
 class ProbeFinding(StrEnum):

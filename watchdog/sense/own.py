@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-Address = tuple[str, int]
+from mlx_watchdog.sense.findings import Address
 
 ANSWERED_GRACE = 10.0  # an answered request's socket may linger a moment on the server
 

@@ -30,6 +30,7 @@ from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
     OK,
+    Clock,
     ModelsCheck,
     ProbeFinding,
     ProbeSnapshot,
@@ -45,7 +46,6 @@ __all__ = [
     "ProbeSnapshot",
 ]
 
-Clock = Callable[[], float]
 
 MAX_BODY = 1 << 20  # a 1-token answer is a few kB; more means the server ignores max_tokens
 MAX_ERROR_BODY = 64 << 10

@@ -21,16 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from mlx_watchdog import __version__
+from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.heal import Healer, OpenIncident, Phase, Watch
 from mlx_watchdog.act.managers import System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.advice import incident_advice
-from mlx_watchdog.judge.check import Checker, left_probes
-from mlx_watchdog.judge.states import BAD_STATES, State
+from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
+from mlx_watchdog.record.left import left_probes
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store, row_id
 from mlx_watchdog.sense.evidence import ProcessTable
@@ -163,7 +164,7 @@ class Daemon:
         for r in self.store.interrupt_unfinished(server.name, now):
             self.healer.emit(
                 w,
-                "interrupted",
+                EventKind.INTERRUPTED,
                 f"a restart begun at {time.ctime(r.at)} never "
                 "finished (the watchdog stopped); it counts against the budget",
             )
@@ -428,11 +429,11 @@ class Daemon:
             blind = self.blindness(w, mono)
             if blind is not None and not w.blind_said:
                 w.blind_said = True
-                self.healer.emit(w, "blind", blind)
+                self.healer.emit(w, EventKind.BLIND, blind)
             elif blind is None and w.blind_said and w.verdict_mono is not None:
                 w.blind_said = False
                 state = w.verdict.state if w.verdict else "unknown"
-                self.healer.emit(w, "seeing", f"a fresh verdict again: {state}")
+                self.healer.emit(w, EventKind.SEEING, f"a fresh verdict again: {state}")
 
     # -- running ----------------------------------------------------------------------------
 
@@ -457,7 +458,9 @@ class Daemon:
             if problem != w.tick_problem:  # once per run of the same fault, not every tick
                 log.exception("%s tick failed; probing goes on", name)
                 with contextlib.suppress(Exception):
-                    self.store.add_event(name, self.clock(), "tick_failed", problem[:500], {})
+                    self.store.add_event(
+                        name, self.clock(), EventKind.TICK_FAILED, problem[:500], {}
+                    )
             w.tick_problem = problem[:500]
         finally:
             w.tick_began = None

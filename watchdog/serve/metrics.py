@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from mlx_watchdog.judge.states import STATES
+from mlx_watchdog.judge.states import STATES, EventKind
 from mlx_watchdog.judge.verdict import Verdict
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -66,7 +66,7 @@ class Metrics:
 
     def event(self, server: str, kind: str, data: dict[str, Any]) -> None:
         self.events.labels(server, kind).inc()
-        if kind == "restarting":
+        if kind == EventKind.RESTARTING:
             self.restarts.labels(server, str(data.get("trigger", "unknown"))).inc()
 
     def exposition(self) -> tuple[bytes, str]:

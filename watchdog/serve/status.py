@@ -15,14 +15,14 @@ from typing import Any
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import decide
-from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT
+from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT, EventKind
 from mlx_watchdog.judge.verdict import Evidence
 from mlx_watchdog.record.store import Store
 
 TTFT_WINDOW = 3600.0
 RESTART_WINDOW = 86400.0
 DAY = 86400.0
-GAVE_UP = "gave_up"  # a history event, not an alert: clients that left mid-request
+GAVE_UP = EventKind.GAVE_UP  # a history event, not an alert: clients that left mid-request
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""The watchdog's own requests a short-lived command leaves on a server when it exits
+(`left-probes.json` in the state folder and in the user's default one): what every check reads
+so that such a request is never taken for a client that gave up, nor for a live one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mlx_watchdog.config import default_state_dir
+from mlx_watchdog.sense.findings import Address
+
+LEFT_PROBES_FILE = "left-probes.json"
+
+
+class LeftProbes:
+    """Client addresses of the watchdog's own requests that a short-lived command (`probe`,
+    `drill`, `calibrate`) may leave on the server when it exits.
+
+    When such a process exits, its probe's socket turns CLOSE_WAIT on the server: abandoned,
+    but a one-token request, not a client's prompt. Each address is written as soon as it
+    connects, to the state folder's record and to the user's default one, and every check
+    reads both: so a person's `probe` with another config or state folder leaves no trace the
+    daemon takes for a departed client, nor for a live one while it runs. Entries expire on the
+    wall clock: they outlive the process that wrote them.
+    """
+
+    def __init__(
+        self, paths: Path | list[Path] | None, clock: Callable[[], float] = time.time
+    ) -> None:
+        given = [] if paths is None else [paths] if isinstance(paths, Path) else paths
+        self.paths = list(dict.fromkeys(given))
+        self.clock = clock
+        self._lock = threading.Lock()
+
+    def load(self) -> list[Address]:
+        found = ((ip, port) for path in self.paths for ip, port, _ in self._entries(path))
+        return list(dict.fromkeys(found))
+
+    def add(self, address: Address, keep_for: float) -> None:
+        until = self.clock() + keep_for
+        key = (address[0], int(address[1]))
+        with self._lock:
+            for path in self.paths:
+                kept = [e for e in self._entries(path) if (e[0], e[1]) != key]
+                self._write(path, [*kept, (*key, until)])
+
+    def _write(self, path: Path, entries: list[tuple[str, int, float]]) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # A fresh file of our own (O_EXCL, 0600), renamed over the record: a planted
+            # symlink is replaced, never written through.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".left-probes-")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(entries))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # losing this only makes a later check count one tiny request as abandoned
+
+    def _entries(self, path: Path) -> list[tuple[str, int, float]]:
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            now = self.clock()
+            return [
+                (str(ip), int(port), float(until))
+                for ip, port, until in raw[-1000:]
+                if float(until) > now
+            ]
+        except (OSError, ValueError, TypeError, RecursionError):
+            return []
+
+
+def left_probes(state_dir: Path) -> LeftProbes:
+    """The leftover-probe records every check of this watchdog's servers reads and writes."""
+    return LeftProbes([state_dir / LEFT_PROBES_FILE, default_state_dir() / LEFT_PROBES_FILE])
