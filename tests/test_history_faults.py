@@ -146,3 +146,20 @@ def test_a_truncated_shm_file_beside_the_history_harms_nothing(
     until(lambda: len(t.daemon.store.probes("bad", 0.0)) > rows + 3, 10, "more probe rows")
     assert t.thread.is_alive()
     t.stop()
+
+
+def test_a_daemon_starting_while_the_history_is_locked_waits_for_it(tmp_path: Path) -> None:
+    """Falling back to memory would keep the whole run's history out of the file."""
+    path = tmp_path / "history.db"
+    Store(path).close()
+    locker = lock_history(path, 2.0)
+    try:
+        store = Store(path, behind=True)
+        store.add_event("s", 1.0, "detected", "x", {})
+        assert store.problem is None  # the file, not memory
+        store.close()
+    finally:
+        locker.wait(30)
+    again = Store(path)
+    assert [e.kind for e in again.events("s")] == ["detected"]
+    again.close()

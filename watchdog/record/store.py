@@ -76,6 +76,7 @@ BEHIND_BUSY = 0.1  # writing behind: one attempt's wait, so a reader never waits
 RETRY_LOCKED = 0.5  # between two attempts of a write another process's lock keeps out
 QUEUE_MAX = 10_000  # writes waiting; past this the newest are lost, and that is reported
 FLUSH_TIMEOUT = 5.0  # at close, for the queued writes
+OPEN_WAIT = 10.0  # the daemon's wait at start for another process's lock
 READ_WAIT = 0.5  # a read waits this long at most for the writes queued before it
 
 
@@ -176,7 +177,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             # Created 0600 before SQLite opens it: its -wal and -shm take the same mode.
             create_private(self.path)
-            return self._connect(str(self.path))
+            return self._connect_waiting(str(self.path))
         except sqlite3.DatabaseError as exc:
             if _is_corrupt(exc):
                 self._move_aside(exc)
@@ -184,6 +185,19 @@ class Store:
             return self._fall_back(exc)
         except (OSError, UnsafeState) as exc:
             return self._fall_back(exc)
+
+    def _connect_waiting(self, where: str) -> sqlite3.Connection:
+        """The daemon waits out another process's lock at start (up to OPEN_WAIT), rather than
+        keep its whole run's history in memory; a command opens at once or not at all."""
+        deadline = time.monotonic() + (OPEN_WAIT if self._busy == BEHIND_BUSY else 0.0)
+        while True:
+            try:
+                return self._connect(where)
+            except sqlite3.OperationalError as exc:
+                text = str(exc).lower()
+                if not ("locked" in text or "busy" in text) or time.monotonic() > deadline:
+                    raise
+                time.sleep(RETRY_LOCKED)
 
     def _connect(self, where: str) -> sqlite3.Connection:
         db = sqlite3.connect(
