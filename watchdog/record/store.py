@@ -159,6 +159,7 @@ class Store:
         self._lock = threading.RLock()
         self._writes: dict[str, int] = {}  # probes written per server since the last pruning
         self._closed = False
+        self._behind = behind
         self._busy = BEHIND_BUSY if behind else BUSY_TIMEOUT
         self._db = self._open()
         self._queue: deque[Callable[[sqlite3.Connection], None]] = deque()
@@ -189,7 +190,7 @@ class Store:
     def _connect_waiting(self, where: str) -> sqlite3.Connection:
         """The daemon waits out another process's lock at start (up to OPEN_WAIT), rather than
         keep its whole run's history in memory; a command opens at once or not at all."""
-        deadline = time.monotonic() + (OPEN_WAIT if self._busy == BEHIND_BUSY else 0.0)
+        deadline = time.monotonic() + (OPEN_WAIT if self._behind else 0.0)
         while True:
             try:
                 return self._connect(where)

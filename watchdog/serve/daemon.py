@@ -394,8 +394,7 @@ class Daemon:
         the watchdog at work, shown as such."""
         if w.restarting or w.draining:
             return None
-        probe = w.server.probe
-        limit = fresh_for(self.config.watchdog.interval, probe.slow_after, probe.models_timeout)
+        limit = self._fresh_for(w)
         age = mono - (w.verdict_mono if w.verdict_mono is not None else w.watched_since)
         if age <= limit:
             return None
@@ -408,6 +407,10 @@ class Daemon:
             why = "no tick has given a verdict"
         return f"no fresh verdict (watchdog blind for {age:.0f} s: {why})"
 
+    def _fresh_for(self, w: Watch) -> float:
+        probe = w.server.probe
+        return fresh_for(self.config.watchdog.interval, probe.slow_after, probe.models_timeout)
+
     def stalled(self) -> str | None:
         """Why this daemon's ticks have stopped (see serve/heartbeat.py), or None. A restart or
         a drain in progress is bounded by its own steps and counts as progress."""
@@ -416,10 +419,8 @@ class Daemon:
         for name, w in list(self.watches.items()):
             if w.retired:
                 continue
-            probe = w.server.probe
-            limit = fresh_for(self.config.watchdog.interval, probe.slow_after, probe.models_timeout)
             progress[name] = mono if w.restarting or w.draining else w.tick_moved
-            limits[name] = limit + STALL_MARGIN
+            limits[name] = self._fresh_for(w) + STALL_MARGIN
         return stalled(progress, limits, mono)
 
     def look_at_sight(self) -> None:

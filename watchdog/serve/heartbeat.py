@@ -30,9 +30,6 @@ class Notifier:
         env.pop("WATCHDOG_PID", None)
         self.address = "\0" + address[1:] if address.startswith("@") else address
 
-    def __bool__(self) -> bool:
-        return bool(self.address)
-
     def send(self, *lines: str) -> bool:
         if not self.address:
             return False
