@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from mlx_watchdog.config import parse_config
-from mlx_watchdog.serve.daemon import Daemon
+from mlx_watchdog.daemon import Daemon
 from tests.conftest import BadByPidfile, DaemonThread, until
 
 

@@ -125,7 +125,7 @@ sys.modules.setdefault("httpx._main", None)  # as `mlx-watchdog run` does
 import psutil
 from pathlib import Path
 from mlx_watchdog.config import load_config
-from mlx_watchdog.serve.daemon import Daemon
+from mlx_watchdog.daemon import Daemon
 
 config = load_config(Path(sys.argv[1]))
 total = int(sys.argv[2])

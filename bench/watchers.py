@@ -193,7 +193,7 @@ class MlxWatchdog:
 
     def start(self) -> None:
         from mlx_watchdog.config import ProbeSettings, RestartSettings, parse_config
-        from mlx_watchdog.serve.daemon import Daemon
+        from mlx_watchdog.daemon import Daemon
 
         p, r = ProbeSettings(), RestartSettings()
         k = self.k
@@ -226,16 +226,16 @@ class MlxWatchdog:
             }
         )
         daemon = Daemon(config)
-        watch = daemon.watches["bench"]
+        watch = daemon.cycles["bench"]
         watch.manager = BoxManager(self.box)  # type: ignore[assignment]
-        original = daemon.healer.emit
+        original = watch.emit
 
-        def emit(w: object, kind: str, message: str, **data: object) -> None:
+        def emit(kind: str, message: str, **data: object) -> None:
             if kind == "detected":
                 self.detected_at = self.detected_at or time.time()
-            original(w, kind, message, **data)  # type: ignore[arg-type]
+            original(kind, message, **data)  # type: ignore[arg-type]
 
-        daemon.healer.emit = emit  # type: ignore[method-assign]
+        watch.emit = emit  # type: ignore[assignment,method-assign]
         self.daemon = daemon
         self._thread = threading.Thread(
             target=lambda: daemon.run(install_signals=False), daemon=True
@@ -243,7 +243,7 @@ class MlxWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        from mlx_watchdog.serve.daemon import Daemon
+        from mlx_watchdog.daemon import Daemon
 
         assert isinstance(self.daemon, Daemon)
         self.daemon.stop()

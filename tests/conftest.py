@@ -353,7 +353,7 @@ class DaemonThread:
     def __init__(self, daemon: object) -> None:
         import threading
 
-        from mlx_watchdog.serve.daemon import Daemon
+        from mlx_watchdog.daemon import Daemon
 
         assert isinstance(daemon, Daemon)
         self.daemon = daemon

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from mlx_watchdog.config import parse_config
-from mlx_watchdog.serve.bounds import fresh_for
-from mlx_watchdog.serve.daemon import Daemon
+from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.judge.bounds import fresh_for
 from mlx_watchdog.serve.endpoint import start as start_endpoint
 from tests.conftest import Running
 
@@ -70,11 +70,11 @@ def blind_daemon(
         return True
 
     daemon = Daemon(config, monotonic=mono, notify=notify)
-    inspector = daemon.watches["bad"].checker.inspector
+    inspector = daemon.cycles["bad"].checker.inspector
     table = Broken(inspector.sample)
     inspector.sample = table  # type: ignore[method-assign]
     yield daemon, table, mono, sent
-    daemon.watches["bad"].checker.abort()
+    daemon.cycles["bad"].checker.abort()
     daemon.store.close()
 
 
@@ -82,7 +82,7 @@ def test_a_failing_tick_is_blindness_said_once_and_ended_by_a_fresh_verdict(
     blind_daemon: tuple[Daemon, Broken, Mono, list[tuple[str, str]]],
 ) -> None:
     daemon, table, mono, sent = blind_daemon
-    w = daemon.watches["bad"]
+    w = daemon.cycles["bad"]
     server = w.server
     limit = fresh_for(daemon.config.watchdog.interval, server.probe.slow_after, 1.0)
     endpoint, _ = start_endpoint(daemon, "127.0.0.1", 0, "t")
@@ -132,15 +132,15 @@ def test_a_tick_that_blocks_is_blindness_too(
     blind_daemon: tuple[Daemon, Broken, Mono, list[tuple[str, str]]],
 ) -> None:
     daemon, _, mono, _ = blind_daemon
-    w = daemon.watches["bad"]
+    w = daemon.cycles["bad"]
     daemon._job("bad")
-    assert daemon.blindness(w, mono.now) is None
-    w.tick_began = mono.now  # a tick that began and never ended, as one stuck in a read
+    assert w.blindness(mono.now, daemon.interval) is None
+    w.sight.tick_began = mono.now  # a tick that began and never ended, as one stuck in a read
     mono.now += 60.0
-    why = daemon.blindness(w, mono.now)
+    why = w.blindness(mono.now, daemon.interval)
     assert why == "no fresh verdict (watchdog blind for 60 s: a tick has run for 60 s)"
     w.phase = w.phase.RESTARTING  # the watchdog at work is shown as restarting, not blind
-    assert daemon.blindness(w, mono.now) is None
+    assert w.blindness(mono.now, daemon.interval) is None
 
 
 def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(
@@ -149,7 +149,7 @@ def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(
     from dataclasses import replace
 
     daemon, _, mono, _ = blind_daemon
-    w = daemon.watches["bad"]
+    w = daemon.cycles["bad"]
     daemon._job("bad")
     assert w.verdict is not None and w.verdict.state == "healthy"
     folder = tmp_path / "key-now-a-folder"

@@ -4,39 +4,39 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_watchdog.config import RestartSettings
-from mlx_watchdog.judge.budget import decide
+from mlx_watchdog.judge.budget import allowance
 
 R = RestartSettings(max_restarts=3, window=3600, backoff=30)
 
 
 def test_first_restart_is_allowed() -> None:
-    d = decide(R, [], 1000.0)
+    d = allowance(R, [], 1000.0)
     assert d.allowed and (d.used, d.left) == (0, 3)
 
 
 def test_backoff_grows() -> None:
-    assert not decide(R, [1000.0], 1029.0).allowed
-    assert decide(R, [1000.0], 1030.0).allowed
-    d = decide(R, [1000.0, 1030.0], 1080.0)
+    assert not allowance(R, [1000.0], 1029.0).allowed
+    assert allowance(R, [1000.0], 1030.0).allowed
+    d = allowance(R, [1000.0, 1030.0], 1080.0)
     assert not d.allowed and d.not_before == 1090.0  # 2 x 30 s after the second
-    assert decide(R, [1000.0, 1030.0], 1090.0).allowed
+    assert allowance(R, [1000.0, 1030.0], 1090.0).allowed
 
 
 def test_spent_budget_needs_a_person_until_the_window_passes() -> None:
     times = [1000.0, 1030.0, 1090.0]
-    d = decide(R, times, 2000.0)
+    d = allowance(R, times, 2000.0)
     assert not d.allowed and d.spent and d.left == 0
-    assert decide(R, times, 1000.0 + 3600 + 91).allowed
+    assert allowance(R, times, 1000.0 + 3600 + 91).allowed
 
 
 def test_zero_restarts_means_observe_only() -> None:
-    d = decide(RestartSettings(max_restarts=0), [], 0.0)
+    d = allowance(RestartSettings(max_restarts=0), [], 0.0)
     assert not d.allowed and d.spent
 
 
 @given(st.lists(st.floats(0, 10_000), max_size=10), st.floats(0, 10_000))
 def test_never_more_than_max_in_a_window(times: list[float], now: float) -> None:
-    d = decide(R, times, now)
+    d = allowance(R, times, now)
     in_window = [t for t in times if t > now - R.window]
     if d.allowed:
         assert len(in_window) < R.max_restarts
@@ -44,9 +44,9 @@ def test_never_more_than_max_in_a_window(times: list[float], now: float) -> None
 
 def test_a_clock_stepped_back_costs_one_pause_not_the_step() -> None:
     # Restarted at 5000; the clock is then stepped back an hour, to 1400.
-    d = decide(R, [5000.0], 1400.0)
+    d = allowance(R, [5000.0], 1400.0)
     assert d.allowed and (d.used, d.left) == (1, 2)  # counted, but no hour-long pause
     # the pause still follows the restarts made since the step
-    assert not decide(R, [5000.0, 1400.0], 1420.0).allowed
+    assert not allowance(R, [5000.0, 1400.0], 1420.0).allowed
     # and the budget still counts what was spent before the step
-    assert decide(R, [5000.0, 5040.0, 5100.0], 1400.0).spent
+    assert allowance(R, [5000.0, 5040.0, 5100.0], 1400.0).spent

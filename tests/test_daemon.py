@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 
 from mlx_watchdog.config import parse_config
-from mlx_watchdog.judge.budget import decide
+from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import (
     RESTART_BAD,
     TESTS,
@@ -176,7 +176,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
     try:
         until(lambda: store.held("loop") is None, 30, "the hold to end")
         assert len(store.restarts("loop", 0.0)) == 2  # no restart while held
-        assert t.daemon.watches["loop"].verdict.state == "healthy"  # type: ignore[union-attr]
+        assert t.daemon.cycles["loop"].verdict.state == "healthy"  # type: ignore[union-attr]
     finally:
         t.stop()
         ok.kill()
@@ -279,7 +279,7 @@ def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
     assert "never finished" in text and text.count("restarting through") == 1
     store = Store(db)
     config = parse_config(command_config(tmp_path, hanging))
-    used = decide(
+    used = allowance(
         config.servers[0].restart,
         [r.at for r in store.restarts("bad", 0.0)],
         store.restarts("bad", 0.0)[0].at + 1,
@@ -445,7 +445,7 @@ def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
 
     daemon.tick = counted  # type: ignore[method-assign]
     t = run_daemon(daemon)
-    w = daemon.watches["owned"]
+    w = daemon.cycles["owned"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
     pid = w.manager.pid()
     threads = threading.active_count()
@@ -454,7 +454,7 @@ def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
         time.sleep(0.01)
     time.sleep(1.0)
     assert threading.active_count() <= threads + 1
-    assert daemon.watches["owned"] is w and w.manager.pid() == pid
+    assert daemon.cycles["owned"] is w and w.manager.pid() == pid
 
     server = raw["server"][0]  # type: ignore[index]
     server["probe"] = {**server["probe"], "wedge_after": "6s"}
@@ -514,11 +514,11 @@ def test_a_killed_daemons_probe_is_no_client_of_the_next_one(
     )
     second = Daemon(parse_config(raw))
     try:
-        sample = second.watches["bad"].checker.observe(hanging.pid())
+        sample = second.cycles["bad"].checker.observe(hanging.pid())
         assert sample.process.abandoned == 0, sample.process.clients
-        assert second.watches["bad"].checker.inspector.gave_up == 0
+        assert second.cycles["bad"].checker.inspector.gave_up == 0
     finally:
-        second.watches["bad"].checker.abort()
+        second.cycles["bad"].checker.abort()
         second.store.close()
 
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from mlx_watchdog.config import default_state_dir, effective, parse_config, to_toml
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send, server_command
-from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
 
 pytestmark = pytest.mark.real_server
@@ -55,7 +55,7 @@ def process_config(
 
 
 def state(t: DaemonThread) -> str | None:
-    v = t.daemon.watches["tiny"].verdict
+    v = t.daemon.cycles["tiny"].verdict
     return v.state if v else None
 
 
@@ -71,7 +71,7 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [receiver.url()], argv))
     t = run_daemon(Daemon(config))
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
-    w = t.daemon.watches["tiny"]
+    w = t.daemon.cycles["tiny"]
     first_pid = w.manager.pid()
     assert first_pid is not None
 
@@ -188,7 +188,7 @@ def test_kill_9_of_the_owned_server_is_served_again_at_once(
     config = parse_config(raw)
     t = run_daemon(Daemon(config))
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
-    w = t.daemon.watches["tiny"]
+    w = t.daemon.cycles["tiny"]
     first = w.manager.pid()
     assert first is not None
     os.kill(first, signal.SIGKILL)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from mlx_watchdog.config import Config, parse_config
-from mlx_watchdog.serve.daemon import Daemon
+from mlx_watchdog.daemon import Daemon
 from tests.conftest import TESTS, DaemonThread, FakeServices, Receiver, free_port, until
 from tests.test_daemon import FAST_PROBE
 

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_watchdog.config import Config, parse_config
-from mlx_watchdog.serve.daemon import Daemon
+from mlx_watchdog.daemon import Daemon
 from tests.conftest import (
     TESTS,
     BadByPidfile,
@@ -74,7 +74,7 @@ def endpoint(
     e = Endpoint(t)
 
     def state(name: str) -> str | None:
-        v = t.daemon.watches[name].verdict
+        v = t.daemon.cycles[name].verdict
         return v.state if v else None
 
     until(lambda: state("good") == "healthy" and state("hung") == "wedged", 30, "both verdicts")
@@ -421,7 +421,7 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
         }
     )
     t = run_daemon(Daemon(config))
-    until(lambda: t.daemon.watches["s"].verdict is not None, 20, "a verdict")
+    until(lambda: t.daemon.cycles["s"].verdict is not None, 20, "a verdict")
     assert t.daemon.endpoint is None, "no endpoint serves with a token it cannot trust"
     t.stop()
     (state / "api-token").unlink()
@@ -476,7 +476,7 @@ def test_beyond_loopback_status_and_metrics_need_the_token(
     assert any("/status, /metrics and the actions need the token" in w for w in config.warnings)
     t = run_daemon(Daemon(config))
     e = Endpoint(t)
-    until(lambda: t.daemon.watches["s"].verdict is not None, 20, "a verdict")
+    until(lambda: t.daemon.cycles["s"].verdict is not None, 20, "a verdict")
     bearer = {"Authorization": f"Bearer {e.token}"}
     assert e.get("/healthz").status_code == 200  # balancers need no token
     assert e.get("/status").status_code == 401

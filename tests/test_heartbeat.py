@@ -17,8 +17,8 @@ import pytest
 
 from mlx_watchdog import service
 from mlx_watchdog.config import to_toml
-from mlx_watchdog.serve.bounds import fresh_for
-from mlx_watchdog.serve.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
+from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
+from mlx_watchdog.judge.bounds import fresh_for
 from tests.conftest import FakeServices, Running, mlx_watchdog, until
 
 FAULTS = Path(__file__).parent / "faults"

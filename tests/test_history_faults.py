@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import BadByPidfile, DaemonThread, until
 from tests.test_daemon import FAST_PROBE, command_config
 
@@ -52,7 +52,7 @@ def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
     server["probe"] = {**FAST_PROBE, "startup_grace": "1500ms"}
     server["restart"] = {"max_restarts": 1, "window": "1h", "backoff": "200ms"}
     daemon = Daemon(parse_config(raw))
-    w = daemon.watches["bad"]
+    w = daemon.cycles["bad"]
     ticks: list[tuple[float, float, bool]] = []  # began, ended, whether it restarted
     real_tick = daemon.tick
 

@@ -16,50 +16,61 @@ import psutil
 import pytest
 
 from mlx_watchdog.config import ProbeSettings, parse_config
+from mlx_watchdog.cycle import NoSink
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.record import store as store_module
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import TESTS, BadByPidfile, DaemonThread, free_port, until
 from tests.test_daemon import command_config
 
 SETTINGS = ProbeSettings(startup_grace=60.0)
 
 
-# -- triggers.decide: pure --------------------------------------------------------------------
+# -- triggers.step: pure --------------------------------------------------------------------
 
 
 def test_wedged_triggers_at_once_and_ends_every_streak() -> None:
-    streak, trigger = triggers.decide(Streak(dead=1, down_since=5.0), "wedged", 10.0, SETTINGS)
+    streak, trigger = triggers.step(Streak(dead=1, down_since=5.0), "wedged", 10.0, SETTINGS)
     assert (streak, trigger) == (Streak(), Trigger.WEDGED)
 
 
 def test_dead_triggers_on_the_second_verdict_in_a_row() -> None:
-    streak, first = triggers.decide(Streak(), "dead", 0.0, SETTINGS)
+    streak, first = triggers.step(Streak(), "dead", 0.0, SETTINGS)
     assert first is None and streak.dead == 1
-    _, second = triggers.decide(streak, "dead", 1.0, SETTINGS)
+    _, second = triggers.step(streak, "dead", 1.0, SETTINGS)
     assert second is Trigger.DEAD
     # A verdict in between ends the streak.
-    streak, _ = triggers.decide(Streak(dead=1), "busy", 1.0, SETTINGS)
-    assert triggers.decide(streak, "dead", 2.0, SETTINGS)[1] is None
+    streak, _ = triggers.step(Streak(dead=1), "busy", 1.0, SETTINGS)
+    assert triggers.step(streak, "dead", 2.0, SETTINGS)[1] is None
 
 
 def test_down_waits_for_startup_grace_unless_the_owned_process_exited() -> None:
-    streak, trigger = triggers.decide(Streak(), "down", 100.0, SETTINGS)
+    streak, trigger = triggers.step(Streak(), "down", 100.0, SETTINGS)
     assert trigger is None and streak.down_since == 100.0
-    assert triggers.decide(streak, "down", 159.0, SETTINGS)[1] is None
-    assert triggers.decide(streak, "down", 160.0, SETTINGS)[1] is Trigger.DOWN
-    assert triggers.decide(Streak(), "down", 100.0, SETTINGS, exited=True)[1] is Trigger.CRASHED
+    assert triggers.step(streak, "down", 159.0, SETTINGS)[1] is None
+    assert triggers.step(streak, "down", 160.0, SETTINGS)[1] is Trigger.DOWN
+    assert triggers.step(Streak(), "down", 100.0, SETTINGS, exited=True)[1] is Trigger.CRASHED
 
 
 @pytest.mark.parametrize("state", ["starting", "busy", "slow", "healthy"])
 def test_other_states_trigger_nothing(state: str) -> None:
-    streak, trigger = triggers.decide(Streak(dead=1, down_since=1.0), state, 500.0, SETTINGS)  # type: ignore[arg-type]
+    streak, trigger = triggers.step(Streak(dead=1, down_since=1.0), state, 500.0, SETTINGS)  # type: ignore[arg-type]
     assert (streak, trigger) == (Streak(), None)
 
 
 # -- a sleep or a clock jump is judged afresh ------------------------------------------------
+
+
+class Kinds(NoSink):
+    """Counts the events the cycles fire, in order."""
+
+    def __init__(self, kinds: list[str]) -> None:
+        self.kinds = kinds
+
+    def event(self, server: str, kind: str, data: dict[str, object]) -> None:
+        self.kinds.append(kind)
 
 
 class Clocks:
@@ -98,7 +109,7 @@ def test_a_sleep_or_clock_jump_is_not_a_wedge(
     daemon = Daemon(parse_config(raw), clock=lambda: clocks.wall, monotonic=lambda: clocks.mono)
     try:
         assert daemon.tick("bad") is None  # the probe is out, too early to tell
-        until(lambda: daemon.watches["bad"].checker.inspector.sample().live == 1, 5, "the probe")
+        until(lambda: daemon.cycles["bad"].checker.inspector.sample().live == 1, 5, "the probe")
         clocks.advance(wall, mono)
         verdict = daemon.tick("bad")
         assert (verdict is not None and verdict.state == "wedged") is wedged
@@ -110,7 +121,7 @@ def test_a_sleep_or_clock_jump_is_not_a_wedge(
             assert verdict is not None and verdict.state == "wedged"
             assert verdict.evidence.waited_s == pytest.approx(11.0)
     finally:
-        daemon.watches["bad"].checker.abort()
+        daemon.cycles["bad"].checker.abort()
         daemon.store.close()
 
 
@@ -147,7 +158,7 @@ def test_a_crashed_child_is_respawned_without_waiting_for_startup_grace(
         }
     )
     t = run_daemon(Daemon(config))
-    w = t.daemon.watches["owned"]
+    w = t.daemon.cycles["owned"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
     first = w.manager.pid()
     assert first is not None
@@ -179,7 +190,7 @@ def test_a_locked_history_during_a_wedge_announces_it_once_and_closes_it(
     monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.05)
     kinds: list[str] = []
     daemon = Daemon(parse_config(command_config(tmp_path, hanging)))
-    daemon.healer.on_event = lambda server, kind, data: kinds.append(kind)
+    daemon.crew.sink = Kinds(kinds)
     other = sqlite3.connect(str(tmp_path / "state" / "history.db"), isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")  # another process holds the history for the whole wedge
     try:
@@ -243,18 +254,18 @@ def test_the_owned_child_that_exits_is_named_by_how_it_ended(tmp_path: Path) -> 
 
 
 def test_every_phase_is_reachable_and_left_and_illegal_moves_are_refused(tmp_path: Path) -> None:
-    from mlx_watchdog.act.heal import TRANSITIONS, Phase
+    from mlx_watchdog.cycle import TRANSITIONS, Phase
 
     assert {a for a, _ in TRANSITIONS} == set(Phase) == {b for _, b in TRANSITIONS}
     assert (Phase.NORMAL, Phase.HELD) not in TRANSITIONS  # a hold follows a failing incident
     assert (Phase.HELD, Phase.FAILING) not in TRANSITIONS  # only a token or a person ends it
     daemon = Daemon(parse_config({"watchdog": {"state_dir": str(tmp_path)}}))
     try:
-        w = next(iter(daemon.watches.values()))
+        w = next(iter(daemon.cycles.values()))
         with pytest.raises(AssertionError, match="no budget_spent move normal -> held"):
-            daemon.healer.transition(w, Phase.HELD, "budget_spent", "spent")
+            w.transition(Phase.HELD, "budget_spent", "spent")
         assert w.phase is Phase.NORMAL and daemon.store.events() == []
-        daemon.healer.transition(w, Phase.RESTARTING, "restarting", "a person asked")
+        w.transition(Phase.RESTARTING, "restarting", "a person asked")
         assert w.restarting and [e.kind for e in daemon.store.events()] == ["restarting"]
     finally:
         daemon.store.close()

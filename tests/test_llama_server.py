@@ -20,8 +20,8 @@ import pytest
 
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig, parse_config
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send
-from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import DaemonThread, Running, StartLlama, free_port, llama_argv, until
 
 pytestmark = pytest.mark.real_server
@@ -145,7 +145,7 @@ def test_the_daemon_runs_and_heals_a_real_llama_server(
     )
     assert config.servers[0].match == "llama-server"
     t = run_daemon(Daemon(config))
-    w = t.daemon.watches["llama"]
+    w = t.daemon.cycles["llama"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 60, "healthy")
     assert w.verdict is not None and w.verdict.evidence.server_report is not None
     # A patient client whose prompt takes longer than wedge_after: busy, never restarted.

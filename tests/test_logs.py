@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlx_watchdog.config import ConfigError, parse_config
-from mlx_watchdog.serve.daemon import Daemon
-from mlx_watchdog.serve.logs import rotate
+from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.daemon.logs import rotate
 
 
 def test_rotate_keeps_a_few_copies_newest_first(tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ def test_a_writer_in_append_mode_goes_on_at_the_start(tmp_path: Path) -> None:
 
 
 def own_log_of_child(stderr: object) -> str:
-    code = "from mlx_watchdog.serve.logs import own_log; print(own_log())"
+    code = "from mlx_watchdog.daemon.logs import own_log; print(own_log())"
     return subprocess.run(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=stderr, text=True, check=True
     ).stdout.strip()

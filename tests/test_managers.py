@@ -15,12 +15,13 @@ import psutil
 import pytest
 
 from mlx_watchdog.act.check import Checker
-from mlx_watchdog.act.heal import Healer, Watch
+from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.act.managers import System, identity_problem
 from mlx_watchdog.act.managers.launchd import LaunchdManager
 from mlx_watchdog.act.managers.process import ProcessManager
 from mlx_watchdog.act.managers.systemd import SystemdManager
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.cycle import Crew, Cycle, NoSink
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.evidence import ProcessTable
@@ -170,9 +171,9 @@ def test_identity_refuses_a_pid_that_is_not_the_server(
 
         store = Store(None)
         alerter = Alerter([])
-        w = Watch(cfg, m, Checker(cfg))
+        c = Cycle(cfg, m, Checker(cfg), Crew(store, alerter, Ladder(), NoSink()))
         before = len(fake_services.calls())
-        assert Healer(store, alerter).heal(w, "wedged", "wedged: test") is False
+        assert c.restart("wedged", "wedged: test") is False
         assert not any(c[1] == "kickstart" for c in fake_services.calls()[before:])
         assert [e.kind for e in store.events()] == ["refused"]
         assert store.restarts("s", 0.0) == []

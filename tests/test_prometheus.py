@@ -18,7 +18,7 @@ import yaml
 
 from mlx_watchdog import fleet
 from mlx_watchdog.config import parse_config
-from mlx_watchdog.serve.daemon import Daemon
+from mlx_watchdog.daemon import Daemon
 from tests.conftest import BadByPidfile, DaemonThread, free_port, mlx_watchdog, until
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
@@ -202,7 +202,7 @@ def test_the_commands_print_the_rules_and_a_dashboard_of_metrics_that_exist(
     # Every metric they read is one a real watchdog exports (or a rule records).
     daemon = Daemon(parse_config(watched(tmp_path, hanging)))
     t = run_daemon(daemon)
-    until(lambda: daemon.endpoint is not None and daemon.watches["bad"].verdict, 30, "a verdict")
+    until(lambda: daemon.endpoint is not None and daemon.cycles["bad"].verdict, 30, "a verdict")
     host, port = daemon.endpoint.server_address[:2]  # type: ignore[union-attr]
     text = httpx.get(f"http://{host}:{port}/metrics").text
     # Families, as `# TYPE` names them (a counter with no sample yet still has its family).
@@ -288,8 +288,8 @@ def test_a_real_prometheus_fires_the_wedge_alert_for_a_real_watchdog(
             )
 
         until(firing, 90, "the wedge alert to fire")
-        assert daemon.watches["bad"].verdict is not None
-        assert daemon.watches["bad"].verdict.state == "wedged"
+        assert daemon.cycles["bad"].verdict is not None
+        assert daemon.cycles["bad"].verdict.state == "wedged"
     finally:
         prometheus.terminate()
         try:

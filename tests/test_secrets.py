@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from mlx_watchdog.config import ServerConfig, parse_config
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.sense.probe import auth_headers
-from mlx_watchdog.serve.daemon import Daemon
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
 from tests.test_daemon import toml
 
@@ -89,7 +89,7 @@ def test_no_output_carries_a_secret_from_a_url(
 
     caplog.set_level(logging.DEBUG, logger="mlx_watchdog")
     t = run_daemon(Daemon(parse_config(raw), notify=notify))
-    until(lambda: t.daemon.watches["broken"].incident is not None, 20, "the broken one detected")
+    until(lambda: t.daemon.cycles["broken"].incident is not None, 20, "the broken one detected")
     endpoint = t.daemon.endpoint
     assert endpoint is not None
     url = f"http://127.0.0.1:{endpoint.server_address[1]}"

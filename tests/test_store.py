@@ -164,7 +164,7 @@ def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
     import json as _json
 
     from mlx_watchdog.config import parse_config
-    from mlx_watchdog.serve.daemon import Daemon
+    from mlx_watchdog.daemon import Daemon
     from tests.conftest import mlx_watchdog
     from tests.test_daemon import toml
 
@@ -185,7 +185,7 @@ def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
         "server": [{"name": "s", "url": "http://127.0.0.1:1"}],
     }
     daemon = Daemon(parse_config(raw))  # reads the open incident, events and probes back
-    assert daemon.watches["s"].incident is not None
+    assert daemon.cycles["s"].incident is not None
     daemon.store.close()
     cfg = tmp_path / "w.toml"
     cfg.write_text(toml(raw))

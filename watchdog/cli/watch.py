@@ -24,7 +24,7 @@ from mlx_watchdog.judge.states import UNKNOWN_EXIT
 if TYPE_CHECKING:
     from mlx_watchdog.act.check import CheckResult
     from mlx_watchdog.config import Config
-    from mlx_watchdog.serve.heartbeat import Notifier
+    from mlx_watchdog.daemon.heartbeat import Notifier
 
 
 @click.command()
@@ -161,10 +161,10 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
     # httpx imports its own command line (click, rich, pygments) with itself: about 5 MiB of a
     # long-running process that never uses it. Blocked before httpx is first imported.
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-    from mlx_watchdog.serve.daemon import Daemon
+    from mlx_watchdog.daemon import Daemon
 
     setup_logging()
-    from mlx_watchdog.serve.heartbeat import Notifier
+    from mlx_watchdog.daemon.heartbeat import Notifier
 
     notifier = Notifier()
     if wait_for_config:

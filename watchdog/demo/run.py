@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 
 from mlx_watchdog.config import Config, parse_config
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Incident
-from mlx_watchdog.serve.daemon import Daemon
 
 SERVER_EXTRA = 'pip install "mlx-watchdog[server]"'
 _WORDS = (
@@ -179,7 +179,7 @@ def run_demo(
 
 
 def _state(daemon: Daemon) -> str | None:
-    v = daemon.watches["demo"].verdict
+    v = daemon.cycles["demo"].verdict
     return v.state if v else None
 
 

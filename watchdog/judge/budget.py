@@ -9,7 +9,7 @@ from mlx_watchdog.config import RestartSettings
 
 
 @dataclass(frozen=True)
-class Decision:
+class Allowance:
     allowed: bool
     spent: bool  # the window's restarts are used up: a person is needed
     not_before: float | None  # backing off until then
@@ -17,13 +17,13 @@ class Decision:
     left: int
 
 
-def decide(settings: RestartSettings, restarts: Sequence[float], now: float) -> Decision:
+def allowance(settings: RestartSettings, restarts: Sequence[float], now: float) -> Allowance:
     """May the server be restarted at `now`, given when it was restarted before?"""
     recent = sorted(t for t in restarts if t > now - settings.window)
     used = len(recent)
     left = max(0, settings.max_restarts - used)
     if used >= settings.max_restarts:
-        return Decision(False, True, None, used, 0)
+        return Allowance(False, True, None, used, 0)
     # A restart recorded after `now` means the clock was stepped back since: it still counts
     # against the budget, but paces nothing (its pause would last as long as the step).
     recent = [t for t in recent if t <= now]
@@ -31,5 +31,38 @@ def decide(settings: RestartSettings, restarts: Sequence[float], now: float) -> 
         # 1x, 2x, 4x ... the backoff after the 1st, 2nd, 3rd restart in the window.
         not_before = recent[-1] + settings.backoff * 2 ** (used - 1)
         if now < not_before:
-            return Decision(False, False, not_before, used, left)
-    return Decision(True, False, None, used, left)
+            return Allowance(False, False, not_before, used, left)
+    return Allowance(True, False, None, used, left)
+
+
+RECENT_RESTART = 10.0  # a person's restart this soon after one that worked is a repeat
+
+
+def repeat_restart(
+    name: str,
+    last: tuple[float, str, str | None, float | None] | None,
+    *,
+    queued: bool,
+    running: bool,
+    now: float,
+    interval: float,
+) -> str | None:
+    """Why a person's restart now would be a second restart for one cause (None: it is not).
+    `last`: the last restart's (at, trigger, outcome, finished_at)."""
+    if queued:
+        return f"a restart of {name} is already asked for"
+    if last is None:
+        return None
+    at, trigger, outcome, finished_at = last
+    if running:
+        return (
+            f"{name} is being restarted already ({trigger}, begun "
+            f"{now - at:.0f} s ago); `status` shows how it ends"
+        )
+    recent = max(RECENT_RESTART, 2 * interval)
+    if outcome == "recovered" and finished_at and now - finished_at < recent:
+        return (
+            f"{name} was restarted {now - at:.0f} s ago ({trigger}) and serves "
+            f"again; if it needs another, ask again in {recent - (now - finished_at):.0f} s"
+        )
+    return None

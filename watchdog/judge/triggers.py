@@ -30,7 +30,7 @@ class Streak:
     down_since: float | None = None  # when the `down` verdicts began
 
 
-def decide(
+def step(
     streak: Streak,
     state: State,
     now: float,
@@ -43,12 +43,12 @@ def decide(
     `exited`: the manager owns the server's process and saw it exit. Nothing else can tell a
     crash from a slow start that well, so it is the only way past `startup_grace` for `down`.
     """
-    if state == "wedged":
+    if state == State.WEDGED:
         return Streak(), Trigger.WEDGED
-    if state == "dead":
+    if state == State.DEAD:
         dead = streak.dead + 1
         return Streak(dead=dead), Trigger.DEAD if dead >= 2 else None
-    if state == "down":
+    if state == State.DOWN:
         since = now if streak.down_since is None else streak.down_since
         if exited:
             return Streak(down_since=since), Trigger.CRASHED

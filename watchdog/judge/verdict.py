@@ -176,6 +176,18 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
     )
 
 
+BRIEF = (
+    "waited_s",
+    "bytes",
+    "tokens",
+    "abandoned_connections",
+    "live_connections",
+    "cpu_percent",
+    "models_status",
+    "pid",
+)
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What a verdict was judged from: shown by `status`, alerts and history. Times in seconds."""
@@ -209,6 +221,10 @@ class Evidence:
     server_waiting: int | None = None
     server_progress_still_s: float | None = None  # its progress counter has not moved for
     health_status: int | None = None
+
+    def brief(self) -> dict[str, object]:
+        """What an alert about this evidence carries."""
+        return {k: getattr(self, k) for k in BRIEF}
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -11,6 +11,8 @@ from enum import StrEnum
 Clock = Callable[[], float]
 Address = tuple[str, int]
 
+REPORT_TIMEOUT = 5.0  # a load report or health route read, at most
+
 
 @dataclass(frozen=True)
 class Client:

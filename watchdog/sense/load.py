@@ -17,12 +17,11 @@ import httpx
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import LoadRoute
 from mlx_watchdog.sense.bounded import BadJson, TooLarge, finite_count, get, load_json
-from mlx_watchdog.sense.findings import Address, LoadReport
+from mlx_watchdog.sense.findings import REPORT_TIMEOUT, Address, LoadReport
 from mlx_watchdog.sense.own import OwnConnections
 from mlx_watchdog.sense.probe import auth_headers, tls
 
 MAX_REPORT = 1 << 20
-REPORT_TIMEOUT = 5.0
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

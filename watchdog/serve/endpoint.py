@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mlx_watchdog.config.values import GUARDED_ROUTES, is_loopback
+from mlx_watchdog.cycle import Conflict  # 409: the ask repeats what runs or just ran
 from mlx_watchdog.record.private import UnsafeState, private_dir, read_private
 from mlx_watchdog.sense.bounded import Cutoff
 
@@ -48,10 +49,6 @@ class Backend(Protocol):
     def act(self, name: str, action: str) -> str:
         """Queue `action` for server `name`; the message to answer. KeyError: no such server;
         Conflict: it would repeat what is already running or just done."""
-
-
-class Conflict(Exception):
-    """An action the server's state makes a repeat (409); the message says what is going on."""
 
 
 def ensure_token(path: Path) -> str:

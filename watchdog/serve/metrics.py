@@ -44,7 +44,7 @@ class Metrics:
             ["server", "reason"],
             registry=self.registry,
         )
-        self.gave_up = Counter(
+        self.clients_gave_up = Counter(
             "mlx_watchdog_clients_gave_up",
             "Clients that left mid-request (their connection turned CLOSE_WAIT): provocations.",
             ["server"],
@@ -68,6 +68,9 @@ class Metrics:
         self.events.labels(server, kind).inc()
         if kind == EventKind.RESTARTING:
             self.restarts.labels(server, str(data.get("trigger", "unknown"))).inc()
+
+    def gave_up(self, server: str, n: int) -> None:
+        self.clients_gave_up.labels(server).inc(n)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -9,36 +9,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.budget import decide
-from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT, EventKind
+from mlx_watchdog.cycle import Cycle
+from mlx_watchdog.judge.budget import allowance
+from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT
 from mlx_watchdog.judge.verdict import Evidence
-from mlx_watchdog.record.store import Store
+from mlx_watchdog.record.store import Ref, Store, row_id
+from mlx_watchdog.record.tally import DAY, Held, Tally
 
-TTFT_WINDOW = 3600.0
-RESTART_WINDOW = 86400.0
-DAY = 86400.0
-GAVE_UP = EventKind.GAVE_UP  # a history event, not an alert: clients that left mid-request
-
-
-@dataclass(frozen=True)
-class Held:
-    """What a status document needs besides the verdict: the daemon holds it in memory, the
-    history database holds it when no daemon runs."""
-
-    ttfts: Sequence[float] = ()  # of the last TTFT_WINDOW
-    restarts: Sequence[float] = ()  # when, over the longer of a day and the budget's window
-    incident: dict[str, Any] | None = None  # id, state, began_at
-    needs_person: str | None = None
-    last_token_at: float | None = None
-    # How often the server was provoked, over the last day: incidents opened, clients that left.
-    incidents_24h: int = 0
-    gave_up_24h: int = 0
-    last_restart: dict[str, Any] | None = None  # at, trigger, outcome, finished_at
+RESTART_WINDOW = DAY
 
 
 def describe(
@@ -57,7 +38,7 @@ def describe(
     age: float | None = None,
 ) -> dict[str, Any]:
     ttfts = sorted(held.ttfts)
-    budget = decide(server.restart, held.restarts, now)
+    budget = allowance(server.restart, held.restarts, now)
     serving = state in SERVING_STATES and not draining and not restarting
     e = evidence or Evidence()
     return {
@@ -97,42 +78,34 @@ def describe(
     }
 
 
-def gave_up_counts(store: Store, server: str, since: float) -> list[int]:
-    """Clients that gave up, as recorded (one event per look that saw some leave)."""
-    return [int(e.data.get("count", 0)) for e in store.events(server, since=since, kind=GAVE_UP)]
-
-
-def restart_span(server: ServerConfig) -> float:
-    """How far back the restarts a status document counts go."""
-    return max(RESTART_WINDOW, server.restart.window)
+def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> dict[str, Any]:
+    """The document of a server the daemon watches; its last verdict only while fresh."""
+    v, blind, i = c.verdict, c.blindness(mono, interval), c.incident
+    shown = None if i is None else _incident(i.id, i.state, i.began_at)
+    held = c.tally.held(c.server, now, mono, incident=shown, needs_person=c.needs_person)
+    seen = c.sight.verdict_mono
+    return describe(
+        c.server,
+        now,
+        held,
+        state=v.state if v and not blind else None,
+        reason=blind or (v.reason if v else "no verdict yet"),
+        at=c.judged_at,
+        evidence=v.evidence if v else None,
+        since=c.state_since,
+        draining=c.draining,
+        restarting=c.restarting,
+        blind=blind is not None,
+        age=None if seen is None else mono - seen,
+    )
 
 
 def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, Any]:
     """The document as the last recorded probe left it (the daemon is not running)."""
-    incident = store.open_incident_for(server.name)
-    restarts = store.restarts(server.name, now - restart_span(server))
-    last = restarts[-1] if restarts else None
-    held = Held(
-        ttfts=[t for _, t in store.ttfts(server.name, now - TTFT_WINDOW)],
-        restarts=[r.at for r in restarts],
-        last_restart=None
-        if last is None
-        else {
-            "at": last.at,
-            "trigger": last.trigger,
-            "outcome": last.outcome,
-            "finished_at": last.finished_at,
-        },
-        incident=None
-        if incident is None
-        else {"id": incident.id, "state": incident.state, "began_at": incident.began_at},
-        needs_person=store.held(server.name),
-        last_token_at=store.last_token_at(server.name),
-        incidents_24h=len(
-            [i for i in store.incidents(now - DAY, server.name) if i.opened_at >= now - DAY]
-        ),
-        gave_up_24h=sum(gave_up_counts(store, server.name, now - DAY)),
-    )
+    i = store.open_incident_for(server.name)
+    shown = None if i is None else _incident(i.id, i.state, i.began_at)
+    tally = Tally.load(store, server, now)
+    held = tally.held(server, now, now, incident=shown, needs_person=store.held(server.name))
     row = store.last_probe(server.name)
     if row is None:
         return describe(
@@ -147,3 +120,7 @@ def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, An
         at=row.at,
         evidence=Evidence.from_json(row.evidence),
     )
+
+
+def _incident(ref: Ref, state: str, began_at: float) -> dict[str, Any]:
+    return {"id": row_id(ref), "state": state, "began_at": began_at}

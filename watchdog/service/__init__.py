@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.config import RestartSettings
-from mlx_watchdog.serve.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
+from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 
 Kind = Literal["launchd", "systemd"]
 WATCHDOG_LABEL = "io.github.mlx-watchdog"

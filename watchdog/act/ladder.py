@@ -1,0 +1,149 @@
+"""The restart ladder: identity check, drain, the manager's restart, a token to verify it.
+
+It keeps no state and writes no history: the server's cycle (cycle/) decides when to climb,
+is told just before the manager acts (so that a watchdog killed mid-restart still counts the
+restart), and records how it ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from mlx_watchdog.act.check import Checker
+from mlx_watchdog.act.managers import Manager, ManagerError, Outcome, System, identity_problem
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.evidence import ProcessTable
+from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe, ProbeFinding
+
+log = logging.getLogger("mlx_watchdog")
+
+RETRY_PAUSE = 0.5
+
+
+@dataclass(frozen=True)
+class Climb:
+    """How one restart ended."""
+
+    outcome: Outcome  # the manager's own account
+    result: str  # recovered, failed, interrupted
+    served_at: float | None  # wall time of the first token afterwards
+
+    def action(self, started: float, trigger: str, kind: str) -> dict[str, object]:
+        """The restart as its incident's history keeps it."""
+        return {
+            "at": started,
+            "action": f"restart ({kind})",
+            "trigger": trigger,
+            "outcome": self.result,
+            "detail": self.outcome.detail,
+            "steps": list(self.outcome.steps),
+        }
+
+
+@dataclass(frozen=True)
+class Drain:
+    """What the ladder calls to drain the server and to end the drain (the cycle's flag)."""
+
+    begin: Callable[[], None]
+    end: Callable[[], None]
+
+
+class Ladder:
+    def __init__(
+        self,
+        *,
+        system: System | None = None,
+        table: ProcessTable | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.system = system or System()
+        self.table = table or ProcessTable()
+        self.clock = clock
+        self.monotonic = monotonic
+        self.stopping = stopping
+
+    def identity(self, server: ServerConfig, manager: Manager) -> tuple[int | None, str | None]:
+        """The PID a restart would signal, and why it must not be signalled (None: it may)."""
+        pid = manager.pid()
+        if pid is None and manager.kind == "command":
+            pid = self.table.listener(server.port)
+        return pid, identity_problem(server, pid, self.table)
+
+    def climb(
+        self,
+        server: ServerConfig,
+        manager: Manager,
+        checker: Checker,
+        *,
+        drain: Drain | None,
+        begin: Callable[[], None],
+    ) -> Climb:
+        """Drain (when asked), `begin`, restart through the manager, wait for a token, undrain."""
+        if drain is not None:
+            drain.begin()
+            self._wait_drained(server, manager, checker)
+        checker.abort()  # its server is about to be replaced
+        begin()
+        try:
+            try:
+                outcome = manager.restart()
+            except (ManagerError, OSError) as exc:
+                outcome = Outcome(False, str(exc))
+            served_at = self._await_token(server, manager, checker) if outcome.ok else None
+        finally:
+            if drain is not None:
+                drain.end()
+        result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
+        return Climb(outcome, result, served_at)
+
+    def _await_token(
+        self, server: ServerConfig, manager: Manager, checker: Checker
+    ) -> float | None:
+        """Probe until a token comes (also warming the prompt cache) or startup_grace ends;
+        the wall time of the token. A server the manager saw exit again has not started: a
+        process counts as started only once it serves."""
+        deadline = self.monotonic() + server.probe.startup_grace
+        while not self.stopping():
+            left = deadline - self.monotonic()
+            if left <= 0 or manager.exited() is not None:
+                return None
+            probing = replace(server, probe=replace(server.probe, hard_timeout=left))
+            # Its connections are the watchdog's own: a probe that times out on a server
+            # still starting must not count as a client that gave up.
+            probe = Probe(probing, clock=self.monotonic, on_connect=checker.connected).start()
+            while not probe.wait(0.2):
+                if self.stopping():
+                    probe.abort()
+                    return None
+            snap = probe.snapshot()
+            if snap.finding == OK:
+                token = snap.first_token_at or self.monotonic()
+                return self.clock() - (self.monotonic() - token)
+            if snap.finding in DOWN_FINDINGS or snap.finding == ProbeFinding.RESET:
+                self.system.sleep(RETRY_PAUSE)  # not listening yet
+            else:
+                self.system.sleep(RETRY_PAUSE * 2)
+        return None
+
+    def _wait_drained(self, server: ServerConfig, manager: Manager, checker: Checker) -> None:
+        """Wait (bounded) for live clients to finish before a restart."""
+        deadline = self.monotonic() + server.restart.drain_timeout
+        while self.monotonic() < deadline and not self.stopping():
+            live = checker.inspector.sample(manager.pid(), exclude=checker.own.addresses()).live
+            if not live:
+                return
+            self.system.sleep(1.0)
+        log.warning("%s drain_timeout reached with clients still connected", server.name)
+
+    def run_hook(self, server: ServerConfig, which: str, argv: tuple[str, ...]) -> None:
+        """Run drain_command or undrain_command; a failure is logged, the restart goes on."""
+        if not argv:
+            return
+        code, out = self.system.run(argv, server.restart.command_timeout)
+        if code != 0:
+            log.error("%s %s exited %d: %s", server.name, which, code, out[-200:])

@@ -1,0 +1,48 @@
+"""What every server's cycle shares, and what it tells the rest of the daemon."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mlx_watchdog.act.ladder import Ladder
+from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.alerts import Alerter
+from mlx_watchdog.record.store import Store
+
+
+class Conflict(Exception):
+    """A person's ask that would repeat what is under way or just done."""
+
+
+class Sink(Protocol):
+    """What counts verdicts and events as they happen (the daemon's metrics)."""
+
+    def observe(self, server: str, verdict: Verdict) -> None: ...
+    def event(self, server: str, kind: str, data: dict[str, Any]) -> None: ...
+    def gave_up(self, server: str, n: int) -> None: ...
+
+
+class NoSink:
+    def observe(self, server: str, verdict: Verdict) -> None:
+        pass
+
+    def event(self, server: str, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+    def gave_up(self, server: str, n: int) -> None:
+        pass
+
+
+@dataclass
+class Crew:
+    """What every server's cycle shares."""
+
+    store: Store
+    alerter: Alerter
+    ladder: Ladder
+    sink: Sink
+    clock: Callable[[], float] = time.time  # wall time, for what is recorded and shown
+    monotonic: Callable[[], float] = time.monotonic  # spans: probe waits, down and busy times

@@ -1,0 +1,397 @@
+"""One server's cycle: its verdicts, phase, open incident, advice and events, tick by tick.
+
+The only writer of incident rows. Each server has one Cycle, touched only by its own job (the
+endpoint's asks are queued and carried out at the next tick). A restart climbs the ladder
+(act/ladder.py); what it means for the incident is decided here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import deque
+
+from mlx_watchdog.act.check import Checker
+from mlx_watchdog.act.ladder import Drain, Ladder
+from mlx_watchdog.act.managers import Manager, NoManager, Outcome
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.cycle.crew import Conflict, Crew
+from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
+from mlx_watchdog.cycle.sight import Sight
+from mlx_watchdog.judge import bounds, budget, triggers
+from mlx_watchdog.judge.advice import incident_advice
+from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
+from mlx_watchdog.judge.triggers import Streak, Trigger
+from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.alerts import Event
+from mlx_watchdog.record.store import Ref
+from mlx_watchdog.record.tally import LastRestart, Tally
+
+log = logging.getLogger("mlx_watchdog")
+
+E = EventKind
+LOUD = (E.RESTART_FAILED, E.BUDGET_SPENT, E.REFUSED)
+
+
+class Cycle:
+    def __init__(
+        self, server: ServerConfig, manager: Manager, checker: Checker, crew: Crew
+    ) -> None:
+        self.server = server
+        self.manager = manager
+        self.checker = checker
+        self.crew = crew
+        self.store = crew.store
+        self.clock, self.monotonic = crew.clock, crew.monotonic
+        self.verdict: Verdict | None = None
+        self.streak = Streak()
+        self.phase = Phase.NORMAL
+        self.incident: OpenIncident | None = None
+        self.needs_person: str | None = None  # why, while the phase is HELD
+        self.draining = False
+        self.tally = Tally()
+        self.gave_up_counted = 0  # of the inspector's running count
+        self.state_since: float | None = None
+        self.judged_at: float | None = None
+        self.sight = Sight(watched_since=self.monotonic(), tick_moved=self.monotonic())
+        self.refused_said = False  # the identity refusal is said once until the server serves
+        # Asked for through the endpoint; carried out at the next tick, in the server's own job.
+        self.requests: deque[str] = deque()
+        # A reload's settings, applied by the server's own job between two ticks; and whether a
+        # reload removed the server (its job ends).
+        self.new_config: ServerConfig | None = None
+        self.retired = False
+        self._restart_row: Ref = None
+
+    def load(self) -> None:
+        """Take up where the history left off: an open incident, a hold, the day's numbers,
+        and restarts an earlier watchdog began and never finished."""
+        name, now = self.server.name, self.clock()
+        row = self.store.open_incident_for(name)
+        if row is not None:
+            self.incident = OpenIncident(row.began_at, row.state, row.id)
+        self.needs_person = self.store.held(name)
+        if self.needs_person is not None:
+            self.phase = Phase.HELD  # held by a watchdog before this one: a person's to end
+        elif self.incident is not None:
+            self.phase = Phase.FAILING
+        for r in self.store.interrupt_unfinished(name, now):
+            self.emit(
+                E.INTERRUPTED,
+                f"a restart begun at {time.ctime(r.at)} never "
+                "finished (the watchdog stopped); it counts against the budget",
+            )
+        self.tally = Tally.load(self.store, self.server, now)
+
+    @property
+    def restarting(self) -> bool:
+        return self.phase is Phase.RESTARTING
+
+    # -- one tick ---------------------------------------------------------------------------
+
+    def tick(self, interval: float) -> Verdict | None:
+        """Judge the server once: start a probe, or judge the age of the one in flight."""
+        while self.requests:
+            self._carry_out(self.requests.popleft())
+        self._notice_jump(interval)
+        if self.checker.probe is None:
+            # Most probes end in milliseconds; judge those in this tick.
+            self.checker.start().wait(min(self.server.probe.slow_after, interval / 2))
+        v = self.checker.judge(self.manager.pid(), fresh_since=self.sight.fresh_since)
+        if v is not None:
+            self.sight.verdict_mono = self.monotonic()
+            now = self.clock()
+            self.store.record_probe(self.server.name, now, v.state, v.reason, v.evidence.to_json())
+            self.crew.sink.observe(self.server.name, v)
+            if v.evidence.ttft_s is not None:
+                self.tally.ttfts.append((now, v.evidence.ttft_s))
+            self._judged(v)
+        self._count_gave_up()
+        self.tally.forget_old(self.clock())
+        return self.verdict
+
+    def _judged(self, v: Verdict) -> None:
+        before = self.verdict.state if self.verdict else None
+        self.verdict = v
+        now = self.judged_at = self.clock()
+        if before != v.state:
+            self.state_since = now
+            log.info("%s %s", self.server.name, v.reason)
+        if v.state in (State.HEALTHY, State.SLOW):
+            # Recovered only on a token: "slow" also means no token yet, before wedge_after.
+            if v.evidence.tokens > 0:
+                self.recovered(now, recover_s=None, how="recovered by itself")
+            return
+        exited = self.manager.exited() if v.state == State.DOWN else None
+        self.streak, trigger = triggers.step(
+            self.streak, v.state, self.monotonic(), self.server.probe, exited=exited is not None
+        )
+        if v.state not in BAD_STATES:
+            return
+        advice = self._advice(v)
+        if self.incident is None:
+            # The outage began when the unanswered probe was sent, not when it was judged.
+            self._detected(v, now - (v.evidence.waited_s or 0.0), advice)
+        elif advice:
+            self.store.set_advice(self.incident.id, advice)  # more clients may have given up
+        if trigger is not None:
+            reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
+            self.restart(trigger.value, reason)
+
+    def _count_gave_up(self) -> None:
+        """Clients seen leaving since the last tick: history, a metric and the day's count."""
+        n = self.checker.inspector.gave_up - self.gave_up_counted
+        if n <= 0:
+            return
+        now = self.clock()
+        self.gave_up_counted += n
+        self.tally.gave_up.append((now, n))
+        self.crew.sink.gave_up(self.server.name, n)
+        self.store.add_event(
+            self.server.name, now, E.GAVE_UP, f"{n} client(s) gave up mid-request", {"count": n}
+        )
+
+    def _notice_jump(self, interval: float) -> None:
+        """After a sleep, a clock step or a suspension, streaks end and probes count from now."""
+        mono = self.monotonic()
+        moved = self.sight.jump(self.clock(), mono, interval)
+        if moved is None:
+            return
+        self.sight.fresh_since = mono
+        self.checker.load.forget()
+        self.streak = Streak()
+        log.warning(
+            "%s: the clock moved %+.0f s against the %.0f s the watchdog measured "
+            "(a sleep, a clock change or a suspended process); judging afresh",
+            self.server.name,
+            *moved,
+        )
+
+    def _advice(self, v: Verdict) -> str | None:
+        waits = list(v.evidence.gave_up_after_s)
+        told = self.incident.advised_waits if self.incident else []
+        if not waits or waits == told:
+            return None
+        if self.incident is not None:
+            self.incident.advised_waits = list(waits)
+        return incident_advice(waits, self.store.last_calibration(self.server.name))
+
+    # -- events -----------------------------------------------------------------------------
+
+    def transition(self, to: Phase, kind: EventKind | None, message: str, **data: object) -> None:
+        """Move to `to` and fire the event of that move (none for None)."""
+        if kind not in TRANSITIONS.get((self.phase, to), frozenset()):
+            raise AssertionError(
+                f"{self.server.name}: no {kind or 'silent'} move {self.phase} -> {to}"
+            )
+        self.phase = to
+        if kind:
+            self.emit(kind, message, **data)
+
+    def emit(self, kind: EventKind, message: str, **data: object) -> None:
+        """Record, log and send one event; incident events come through `transition`."""
+        now, name = self.clock(), self.server.name
+        state = self.verdict.state if self.verdict else None
+        level = logging.ERROR if kind in LOUD else logging.WARNING
+        log.log(level, "%s %s: %s", name, kind, message)
+        self.store.add_event(name, now, kind, message, dict(data))
+        self.crew.sink.event(name, kind, dict(data))
+        self.crew.alerter.send(Event(kind, name, now, message, state, dict(data)))
+
+    def _detected(self, v: Verdict, began: float, advice: str | None) -> None:
+        """Open the incident: in memory always, in the history when it can be written."""
+        now = self.clock()
+        self.incident = OpenIncident(began, v.state)
+        self.tally.opened.append(now)
+        self.incident.id = self.store.open_incident(
+            self.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
+        )
+        if advice:
+            self.store.set_advice(self.incident.id, advice)
+        message = f"{v.reason}. {advice}" if advice else v.reason
+        self.transition(Phase.FAILING, E.DETECTED, message, advice=advice, **v.evidence.brief())
+
+    def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
+        self.streak = Streak()
+        self.refused_said = False
+        self.tally.last_token_at = at
+        if self.needs_person is not None:
+            self.store.release(self.server.name)
+            self.needs_person = None
+        incident, self.incident = self.incident, None
+        if incident is None:
+            if self.phase is not Phase.NORMAL:
+                self.transition(Phase.NORMAL, None, "")
+            return
+        outage = at - incident.began_at
+        if incident.id is not None:
+            self.store.close_incident(incident.id, at, how, recover_s)
+        timing = f"outage {outage:.1f} s" + (
+            f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
+        )
+        self.transition(
+            Phase.NORMAL,
+            E.RECOVERED,
+            f"serving again ({how}); {timing}",
+            outage_s=round(outage, 3),
+            recover_s=None if recover_s is None else round(recover_s, 3),
+        )
+
+    # -- restarts ---------------------------------------------------------------------------
+
+    def restart(self, trigger: str, reason: str, *, manual: bool = False) -> bool:
+        """Restart the server if the budget and the identity check allow; True when it serves.
+
+        A manual restart (a person asked) is not held back by the budget, but counts against it
+        and passes the same identity check.
+        """
+        if isinstance(self.manager, NoManager):
+            if manual:
+                self.emit(E.REFUSED, 'not restarting: manager = "none" observes only')
+            return False
+        if not manual and not self._budget_allows(self.clock()):
+            return False
+        ladder: Ladder = self.crew.ladder
+        pid, problem = ladder.identity(self.server, self.manager)
+        if problem is not None:
+            if manual or not self.refused_said:
+                self.refused_said = True
+                self.emit(E.REFUSED, f"not restarting: {problem}", pid=pid)
+            return False
+        started = self.clock()
+        # A person's drain stays after the restart.
+        drains = self.server.restart.drain and not self.draining
+        drain = Drain(self.drain, self.undrain) if drains else None
+        begin = functools.partial(self._begin, trigger, reason, pid, started)
+        climb = ladder.climb(self.server, self.manager, self.checker, drain=drain, begin=begin)
+        done = self.clock()
+        self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
+        self.store.finish_restart(self._restart_row, done, climb.result)
+        action = climb.action(started, trigger, self.manager.kind)
+        self.store.add_action(self.incident.id if self.incident else None, action)
+        if climb.served_at is not None:
+            self.recovered(climb.served_at, recover_s=climb.served_at - started, how="restarted")
+            return True
+        self._not_restarted(climb.result, climb.outcome)
+        return False
+
+    def _begin(self, trigger: str, reason: str, pid: int | None, started: float) -> None:
+        """Recorded before the manager acts: a watchdog killed mid-restart still counts it."""
+        self.tally.restarts_here.append(self.monotonic())
+        self.tally.last_restart = LastRestart(started, trigger)
+        self._restart_row = self.store.start_restart(self.server.name, started, trigger)
+        how = f"restarting through {self.manager.kind} ({reason})"
+        self.transition(Phase.RESTARTING, E.RESTARTING, how, trigger=trigger, pid=pid)
+
+    def _not_restarted(self, result: str, outcome: Outcome) -> None:
+        back = (
+            Phase.HELD
+            if self.needs_person is not None
+            else (Phase.FAILING if self.incident is not None else Phase.NORMAL)
+        )
+        if result == "interrupted":
+            self.transition(back, E.INTERRUPTED, "the watchdog stopped during the restart")
+            return
+        exited = self.manager.exited()
+        if not outcome.ok:
+            why = outcome.detail
+        elif exited is not None:
+            why = f"the server {exited} before it served"
+        else:
+            why = f"no token within startup_grace ({self.server.probe.startup_grace:g}s)"
+        self.transition(back, E.RESTART_FAILED, why, steps=list(outcome.steps))
+
+    def _budget_allows(self, now: float) -> bool:
+        settings = self.server.restart
+        allowance = budget.allowance(settings, self.tally.restarts(now, self.monotonic()), now)
+        if allowance.spent:
+            if self.needs_person is None:
+                self.needs_person = (
+                    f"{allowance.used} restarts in the last {settings.window:g}s did not help"
+                )
+                self.store.hold(self.server.name, now, self.needs_person)
+                self.transition(
+                    Phase.HELD,
+                    E.BUDGET_SPENT,
+                    f"{self.needs_person}; a person is needed "
+                    f"(still probing; a healthy probe ends the hold)",
+                )
+            return False
+        if not allowance.allowed:
+            log.info(
+                "%s backing off: next restart not before %.0f s from now",
+                self.server.name,
+                (allowance.not_before or now) - now,
+            )
+            return False
+        return True
+
+    def drain(self) -> None:
+        """Turn the server's /healthz to 503 and run drain_command."""
+        self.draining = True
+        self.crew.ladder.run_hook(self.server, "drain_command", self.server.restart.drain_command)
+
+    def undrain(self) -> None:
+        hook = self.server.restart.undrain_command
+        self.crew.ladder.run_hook(self.server, "undrain_command", hook)
+        self.draining = False
+
+    # -- a person's asks --------------------------------------------------------------------
+
+    def ask(self, action: str, interval: float) -> None:
+        """Queue a person's restart, drain or undrain for the next tick. A restart while one
+        runs, is queued, or just brought the server back would be a second restart for one
+        cause: refused (Conflict), saying what happened instead."""
+        if action == "restart":
+            self._no_second_restart(interval)
+        self.requests.append(action)
+
+    def _no_second_restart(self, interval: float) -> None:
+        last = self.tally.last_restart
+        why = budget.repeat_restart(
+            self.server.name,
+            None if last is None else (last.at, last.trigger, last.outcome, last.finished_at),
+            queued="restart" in self.requests,
+            running=self.restarting,
+            now=self.clock(),
+            interval=interval,
+        )
+        if why is not None:
+            raise Conflict(why)
+
+    def _carry_out(self, action: str) -> None:
+        log.info("%s %s asked for through the endpoint", self.server.name, action)
+        if action == "restart":
+            self.restart("manual", "a person asked for a restart", manual=True)
+        elif action == "drain":
+            self.drain()
+        elif action == "undrain":
+            self.undrain()
+
+    # -- what is shown ----------------------------------------------------------------------
+
+    def fresh_for(self, interval: float) -> float:
+        probe = self.server.probe
+        return bounds.fresh_for(interval, probe.slow_after, probe.models_timeout)
+
+    def blindness(self, mono: float, interval: float) -> str | None:
+        """Why the verdict is too old to be served as current, or None while fresh.
+
+        A tick that failed, blocked or overran leaves the last verdict standing; past a few
+        intervals it says nothing about the server now. A restart or a drain in progress is
+        the watchdog at work, shown as such."""
+        if self.restarting or self.draining:
+            return None
+        return self.sight.blindness(mono, self.fresh_for(interval))
+
+    def look(self, mono: float, interval: float) -> None:
+        """Say once when the verdict goes stale, and once when it is fresh again."""
+        blind = self.blindness(mono, interval)
+        if blind is not None and not self.sight.blind_said:
+            self.sight.blind_said = True
+            self.emit(E.BLIND, blind)
+        elif blind is None and self.sight.blind_said and self.sight.verdict_mono is not None:
+            self.sight.blind_said = False
+            state = self.verdict.state if self.verdict else "unknown"
+            self.emit(E.SEEING, f"a fresh verdict again: {state}")

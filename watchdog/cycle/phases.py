@@ -1,0 +1,55 @@
+"""Where a server stands in the incident cycle, and the moves between: each with its events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from mlx_watchdog.judge.states import EventKind
+from mlx_watchdog.record.store import Ref
+
+
+class Phase(StrEnum):
+    """The states of Supervisor's process model, for one server."""
+
+    NORMAL = "normal"  # no incident open
+    FAILING = "failing"  # an incident is open and no restart is running
+    RESTARTING = "restarting"  # the manager is replacing the server
+    HELD = "held"  # the restart budget is spent: a person is needed; probing goes on
+
+
+# Each allowed move, and the events it may fire: the one place incident events come from.
+E = EventKind
+TRANSITIONS: dict[tuple[Phase, Phase], frozenset[EventKind | None]] = {
+    # A wedged, dead or down verdict opens an incident.
+    (Phase.NORMAL, Phase.FAILING): frozenset({E.DETECTED}),
+    # A trigger the budget allows; or a person's restart, held or not, incident or not.
+    (Phase.FAILING, Phase.RESTARTING): frozenset({E.RESTARTING}),
+    (Phase.HELD, Phase.RESTARTING): frozenset({E.RESTARTING}),
+    (Phase.NORMAL, Phase.RESTARTING): frozenset({E.RESTARTING}),
+    # A token after the restart; or a person's restart of a server with no incident open,
+    # whatever its end (a server that does not serve afterwards gets its incident next tick).
+    (Phase.RESTARTING, Phase.NORMAL): frozenset(
+        {E.RECOVERED, None, E.RESTART_FAILED, E.INTERRUPTED}
+    ),
+    # No token by startup_grace, a manager that failed, or the watchdog stopping meanwhile.
+    (Phase.RESTARTING, Phase.FAILING): frozenset({E.RESTART_FAILED, E.INTERRUPTED}),
+    (Phase.RESTARTING, Phase.HELD): frozenset({E.RESTART_FAILED, E.INTERRUPTED}),
+    # The budget is spent: nothing more is tried until a person acts or the server serves.
+    (Phase.FAILING, Phase.HELD): frozenset({E.BUDGET_SPENT}),
+    # A token without a restart: it recovered by itself, which also ends a hold.
+    (Phase.FAILING, Phase.NORMAL): frozenset({E.RECOVERED}),
+    (Phase.HELD, Phase.NORMAL): frozenset({E.RECOVERED, None}),
+}
+
+
+@dataclass
+class OpenIncident:
+    """An incident lives here, in memory; its history row is optional (a locked or lost
+    database must not make the watchdog announce it again at every tick, nor forget to close it).
+    """
+
+    began_at: float  # wall time serving stopped, as the probes saw it
+    state: str  # the state that opened it
+    id: Ref = None  # its row in the history (written behind: its id once written)
+    advised_waits: list[float] = field(default_factory=list)  # what the advice says

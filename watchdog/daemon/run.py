@@ -1,0 +1,396 @@
+"""The daemon is wiring: one scheduled job per server (its Cycle), signals, reloads, the endpoint.
+
+Signal handlers only set a flag; the main loop does the work (stop, reload the config), so
+nothing heavy ever runs inside a handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from mlx_watchdog import __version__
+from mlx_watchdog.act.check import Checker
+from mlx_watchdog.act.ladder import Ladder
+from mlx_watchdog.act.managers import System, make_manager
+from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
+from mlx_watchdog.cycle import Crew, Cycle
+from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
+from mlx_watchdog.daemon.logs import own_log, rotate
+from mlx_watchdog.daemon.schedule import Schedule
+from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
+from mlx_watchdog.judge.states import EventKind
+from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
+from mlx_watchdog.record.left import left_probes
+from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
+from mlx_watchdog.record.store import HISTORY_FILE, Store
+from mlx_watchdog.sense.evidence import ProcessTable
+from mlx_watchdog.sense.findings import OwnFault
+from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
+from mlx_watchdog.serve.endpoint import ensure_token
+from mlx_watchdog.serve.endpoint import start as start_endpoint
+from mlx_watchdog.serve.metrics import Metrics
+from mlx_watchdog.serve.status import of_cycle
+
+log = logging.getLogger("mlx_watchdog")
+
+LOG_CHECK = 60.0  # seconds between log size checks
+LOCK_FILE = "daemon.lock"
+STALLED_SETTLE = 2.0  # a stalled daemon's wait for its jobs before it interrupts them
+COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        system: System | None = None,
+        table: ProcessTable | None = None,
+        notify: Notify = apprise_notify,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        notifier: Notifier | None = None,
+        stop_timeout: float = STOP_TIMEOUT,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        # Before anything is read or written: a second daemon on this state folder would
+        # settle the first one's restart as interrupted, probe beside it and restart twice.
+        private_dir(config.watchdog.state_dir)  # UnsafeState: refused, as ssh does
+        self._lock = hold_lock(config.watchdog.state_dir / LOCK_FILE)
+        self.system = system or System()
+        # Only now, holding the lock: what a killed predecessor left running is ours to end.
+        self.system.record = config.watchdog.state_dir / COMMANDS_FILE
+        for left in self.system.settle_left():
+            log.warning("ended a command the previous watchdog left running: %s", left)
+        self.table = table or ProcessTable()
+        self.clock = clock  # wall time, for what is recorded and shown
+        self.monotonic = monotonic  # spans: probe waits, down and busy times
+        self.stop_timeout = stop_timeout  # for a restart in progress to finish by itself
+        self.left = left_probes(config.watchdog.state_dir)
+        self.state_dir = config.watchdog.state_dir
+        self.store = Store(self.state_dir / HISTORY_FILE, clock=clock, behind=True)
+        self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._wake = threading.Event()
+        self._active = 0
+        self._active_cv = threading.Condition()
+        self.metrics = Metrics(self.status)
+        ladder = Ladder(
+            system=self.system,
+            table=self.table,
+            clock=clock,
+            monotonic=monotonic,
+            stopping=self._stop.is_set,
+        )
+        self.crew = Crew(self.store, self.alerter, ladder, self.metrics, clock, monotonic)
+        self.started_at = clock()
+        self.own_log = own_log()
+        self.endpoint: ThreadingHTTPServer | None = None
+        self.cycles: dict[str, Cycle] = {}
+        self.schedule = Schedule()
+        self._running = False
+        self.notifier = notifier if notifier is not None else Notifier()
+        for server in config.servers:
+            self.cycles[server.name] = self._cycle(server)
+
+    @property
+    def interval(self) -> float:
+        return self.config.watchdog.interval
+
+    def _cycle(self, server: ServerConfig) -> Cycle:
+        checker = Checker(
+            server,
+            left=self.left,
+            table=self.table,
+            clock=self.monotonic,
+            wall=self.clock,
+            announce_probe=True,
+        )
+        manager = make_manager(server, self.system, self.state_dir)
+        cycle = Cycle(server, manager, checker, self.crew)
+        cycle.load()
+        return cycle
+
+    def tick(self, name: str) -> Verdict | None:
+        """Judge one server once: its own job's work, after a reload's settings are applied."""
+        c = self.cycles[name]
+        try:
+            if c.new_config is not None:
+                self._reconfigure(c, c.new_config)
+            return c.tick(self.interval)
+        finally:
+            # Even after a fault: the next tick measures its gap from here, not from the
+            # last good tick (that would read as a clock jump every time).
+            c.sight.last_tick = (self.clock(), self.monotonic())
+
+    # -- what the endpoint and `status` show -------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now, mono = self.clock(), self.monotonic()
+        cycles = list(self.cycles.values())
+        return {
+            "watchdog": {
+                "pid": os.getpid(),
+                "version": __version__,
+                "started_at": self.started_at,
+                "interval_s": self.interval,
+                "running": True,
+                # Set when the history fell back to memory (or skipped a locked write).
+                "history_problem": self.store.problem,
+            },
+            "servers": [of_cycle(c, now, mono, self.interval) for c in cycles],
+        }
+
+    def prometheus(self) -> tuple[bytes, str]:
+        return self.metrics.exposition()
+
+    def act(self, name: str, action: str) -> str:
+        """Queue a person's action for the server's next tick (Conflict: refused; KeyError:
+        no such server)."""
+        self.cycles[name].ask(action, self.interval)
+        self.schedule.wake(name)
+        return f"{action} of {name} queued; it runs at the server's next tick"
+
+    def stalled(self) -> str | None:
+        """Why this daemon's ticks have stopped (see daemon/heartbeat.py), or None. A restart
+        or a drain in progress is bounded by its own steps and counts as progress."""
+        mono = self.monotonic()
+        progress, limits = {}, {}
+        for name, c in list(self.cycles.items()):
+            if c.retired:
+                continue
+            progress[name] = mono if c.restarting or c.draining else c.sight.tick_moved
+            limits[name] = c.fresh_for(self.interval) + STALL_MARGIN
+        return stalled(progress, limits, mono)
+
+    def look_at_sight(self) -> None:
+        """Say once when a server's verdict goes stale, and once when it is fresh again."""
+        mono = self.monotonic()
+        for c in list(self.cycles.values()):
+            c.look(mono, self.interval)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _job(self, name: str) -> None:
+        c = self.cycles.get(name)
+        if self._stop.is_set() or c is None or c.retired:
+            return
+        with self._active_cv:
+            self._active += 1
+        sight = c.sight
+        sight.tick_began = sight.tick_moved = self.monotonic()
+        try:
+            self.tick(name)
+            sight.tick_problem = None
+        except Exception as exc:  # a fault in one tick must not stop the probing
+            problem = (
+                str(exc)
+                if isinstance(exc, OwnFault)
+                else (f"the last tick failed: {type(exc).__name__}: {exc}")
+            )[:500]
+            if problem != sight.tick_problem:  # once per run of the same fault, not every tick
+                log.exception("%s tick failed; probing goes on", name)
+                with contextlib.suppress(Exception):
+                    self.store.add_event(name, self.clock(), EventKind.TICK_FAILED, problem, {})
+            sight.tick_problem = problem
+        finally:
+            sight.tick_began = None
+            sight.tick_moved = self.monotonic()
+            with self._active_cv:
+                self._active -= 1
+                self._active_cv.notify_all()
+
+    def rotate_logs(self) -> None:
+        settings = self.config.watchdog
+        paths = [c.server.log_file for c in self.cycles.values() if c.server.log_file]
+        if self.own_log is not None:
+            paths.append(self.own_log)
+        for path in paths:
+            try:
+                if rotate(path, settings.log_max_size, settings.log_keep):
+                    log.info("rotated %s (over %d bytes)", path, settings.log_max_size)
+            except OSError as exc:
+                log.error("cannot rotate %s: %s", path, exc.strerror or exc)
+
+    def _schedule(self) -> None:
+        interval = self.config.watchdog.interval
+        jobs = {name: (interval, functools.partial(self._job, name)) for name in self.cycles}
+        self.schedule.keep({"logs": (LOG_CHECK, self.rotate_logs), **jobs})
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run in the foreground until SIGTERM/SIGINT (or `stop()`); SIGHUP reloads.
+
+        The signal handlers only set flags; this loop, on the main thread, does the work.
+        """
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+        for c in self.cycles.values():
+            c.manager.start()
+        self._serve_endpoint()
+        self._running = True
+        self._schedule()
+        log.info("watching %s every %gs", ", ".join(self.cycles), self.config.watchdog.interval)
+        self.notifier.send("READY=1", f"STATUS=watching {len(self.cycles)} servers")
+        code = 0
+        try:
+            while not self._stop.is_set():
+                if self._wake.wait(1.0):
+                    self._wake.clear()
+                try:
+                    self.look_at_sight()
+                except Exception:
+                    log.exception("cannot tell whether the verdicts are fresh")
+                stall = self.stalled()
+                if stall is not None:
+                    code = self._give_up(stall)
+                    break
+                self.notifier.send("WATCHDOG=1")
+                if self._reload.is_set() and not self._stop.is_set():
+                    self._reload.clear()
+                    self.reload()
+        finally:
+            self.notifier.send("STOPPING=1")
+            self.schedule.stop()
+            # Ticks that stopped will not end by themselves: no long wait for them.
+            self._finish(STALLED_SETTLE if code == EXIT_STALLED else self.stop_timeout)
+        return code
+
+    def _give_up(self, why: str) -> int:
+        """Ticks that stopped are a fault of this process: end it, so that the service manager
+        starts a fresh one (launchd's KeepAlive, systemd's Restart=; systemd's WatchdogSec
+        would end it anyway, as the heartbeat stops). If the stop itself hangs, exit at once."""
+        log.error("%s: the watchdog ends so that its service manager starts it afresh", why)
+        backstop = threading.Timer(
+            self.stop_timeout + INTERRUPT_TIMEOUT + 60.0, os._exit, (EXIT_STALLED,)
+        )
+        backstop.daemon = True
+        backstop.start()
+        self._stop.set()
+        return EXIT_STALLED
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self._wake.set()
+
+    def reload(self) -> bool:
+        """Read the config again. Each server keeps its job (never two ticks of one server, no
+        new threads for an unchanged one); new settings are handed to the server's own job,
+        which applies them at its next tick, between two ticks."""
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running config: %s", exc)
+            return False
+        old = {s.name: s for s in self.config.servers}
+        fresh = {s.name: s for s in new.servers}
+        for name in old.keys() - fresh.keys():
+            gone = self.cycles.pop(name)
+            gone.retired = True
+            gone.manager.stop()
+        for name, server in fresh.items():
+            if name not in self.cycles:
+                self.cycles[name] = self._cycle(server)
+                self.cycles[name].manager.start()
+            elif old.get(name) != server:
+                self.cycles[name].new_config = server
+                self.schedule.wake(name)
+        self.config = new
+        if self._running:
+            self._schedule()
+        log.info("config reloaded: watching %s", ", ".join(self.cycles))
+        return True
+
+    def _reconfigure(self, c: Cycle, server: ServerConfig) -> None:
+        """Apply a reload's settings in the server's own job. The running process is left
+        alone unless what runs it changed (a `process` server's command, environment or log);
+        then it is restarted through the one restart path: recorded, alerted, budgeted."""
+        before = c.server
+        c.new_config = None
+        if server.manager != before.manager:
+            c.manager.stop()
+            c.manager = make_manager(server, self.system, self.state_dir)
+            c.manager.start()
+        else:
+            c.manager.server = server
+        c.server = server
+        c.checker.reconfigure(server)
+        if server.manager == before.manager == "process" and _runs(server) != _runs(before):
+            c.restart("reload", "its command changed in the config", manual=True)
+
+    def _finish(self, settle: float) -> None:
+        self._stop.set()
+        if not self._settle(settle):
+            # A restart still running: kill its command so it ends, recorded as interrupted.
+            log.warning("a restart is still running after %gs; interrupting it", settle)
+            self.system.interrupt()
+            self._settle(INTERRUPT_TIMEOUT)
+            self.system.resume()  # the managed servers still get their stop grace
+        for c in self.cycles.values():
+            c.checker.abort()
+            c.manager.stop()
+        if self.endpoint is not None:
+            self.endpoint.shutdown()
+            self.endpoint.server_close()
+            (self.state_dir / DAEMON_FILE).unlink(missing_ok=True)
+        self.alerter.close(timeout=5.0)
+        self.store.close()
+        log.info("stopped")
+        os.close(self._lock)
+
+    def _serve_endpoint(self) -> None:
+        """Start /healthz, /status, /metrics; without them the watchdog still probes and heals."""
+        settings = self.config.watchdog
+        if settings.listen_port is None:
+            return
+        try:
+            token = ensure_token(self.state_dir / TOKEN_FILE)
+            self.endpoint, _ = start_endpoint(
+                self, settings.listen_host, settings.listen_port, token, settings.open_routes
+            )
+        except (OSError, UnsafeState) as exc:
+            log.error(
+                "cannot serve the endpoint on %s:%s (%s); probing goes on without it",
+                settings.listen_host,
+                settings.listen_port,
+                getattr(exc, "strerror", None) or exc,
+            )
+            return
+        host, port = str(self.endpoint.server_address[0]), self.endpoint.server_address[1]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        record = {"pid": os.getpid(), "url": url, "started_at": self.started_at}
+        write_private(self.state_dir / DAEMON_FILE, json.dumps(record))
+        log.info("endpoint at %s (/healthz, /status, /metrics)", url)
+
+    def _settle(self, timeout: float) -> bool:
+        """Wait for the running jobs to end; False when some are still running."""
+        deadline = time.monotonic() + timeout
+        with self._active_cv:
+            while self._active and time.monotonic() < deadline:
+                self._active_cv.wait(deadline - time.monotonic())
+            return not self._active
+
+
+def _runs(server: ServerConfig) -> tuple[object, ...]:
+    """What a `process` manager runs: a change of it is a restart, of anything else not."""
+    return (server.command, dict(server.env), server.log_file)

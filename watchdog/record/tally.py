@@ -1,0 +1,117 @@
+"""The numbers people see about one server: one source for `status`, `/status` and `/metrics`.
+
+A running daemon loads a Tally from the history once and adds to it as things happen; without
+a daemon, `status` loads one from the history alone. Both read their numbers through `held`,
+so a count means the same thing in both.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.states import EventKind
+from mlx_watchdog.record.store import Store
+
+TTFT_WINDOW = 3600.0
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class LastRestart:
+    """The last restart as people see it; `outcome` None while it runs."""
+
+    at: float
+    trigger: str
+    outcome: str | None = None  # recovered, failed, interrupted
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a status document needs besides the verdict."""
+
+    ttfts: Sequence[float] = ()  # of the last TTFT_WINDOW
+    restarts: Sequence[float] = ()  # when, over the longer of a day and the budget's window
+    incident: dict[str, Any] | None = None  # id, state, began_at
+    needs_person: str | None = None
+    last_token_at: float | None = None
+    # How often the server was provoked, over the last day: incidents opened, clients that left.
+    incidents_24h: int = 0
+    gave_up_24h: int = 0
+    last_restart: dict[str, Any] | None = None  # at, trigger, outcome, finished_at
+
+
+def restart_span(server: ServerConfig) -> float:
+    """How far back the restarts a status document counts go."""
+    return max(DAY, server.restart.window)
+
+
+@dataclass
+class Tally:
+    ttfts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
+    opened: deque[float] = field(default_factory=deque)  # when incidents opened
+    gave_up: deque[tuple[float, int]] = field(default_factory=deque)  # (when, how many)
+    # Earlier runs' restarts as the history has them (wall time); this run's on the span clock,
+    # so that a locked history or a clock step changes nothing within a run.
+    restarts_before: list[float] = field(default_factory=list)
+    restarts_here: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
+    last_restart: LastRestart | None = None
+    last_token_at: float | None = None
+
+    @classmethod
+    def load(cls, store: Store, server: ServerConfig, now: float) -> Tally:
+        name = server.name
+        restarts = store.restarts(name, now - restart_span(server))
+        last = restarts[-1] if restarts else None
+        return cls(
+            ttfts=deque(store.ttfts(name, now - TTFT_WINDOW)),
+            opened=deque(
+                i.opened_at for i in store.incidents(now - DAY, name) if i.opened_at >= now - DAY
+            ),
+            gave_up=deque(
+                (e.at, int(e.data.get("count", 0)))
+                for e in store.events(name, since=now - DAY, kind=EventKind.GAVE_UP)
+            ),
+            restarts_before=[r.at for r in restarts],
+            last_restart=None
+            if last is None
+            else LastRestart(last.at, last.trigger, last.outcome, last.finished_at),
+            last_token_at=store.last_token_at(name),
+        )
+
+    def restarts(self, wall: float, mono: float) -> list[float]:
+        """When the server was restarted, in wall time as of (`wall`, `mono`)."""
+        return [*self.restarts_before, *(wall - (mono - m) for m in self.restarts_here)]
+
+    def forget_old(self, now: float) -> None:
+        for kept, span in ((self.ttfts, TTFT_WINDOW), (self.gave_up, DAY)):
+            while kept and kept[0][0] < now - span:
+                kept.popleft()
+        while self.opened and self.opened[0] < now - DAY:
+            self.opened.popleft()
+
+    def held(
+        self,
+        server: ServerConfig,
+        now: float,
+        mono: float,
+        *,
+        incident: dict[str, Any] | None,
+        needs_person: str | None,
+    ) -> Held:
+        since = now - restart_span(server)
+        last = self.last_restart
+        return Held(
+            ttfts=[t for at, t in list(self.ttfts) if at >= now - TTFT_WINDOW],
+            restarts=[t for t in self.restarts(now, mono) if t >= since],
+            incident=incident,
+            needs_person=needs_person,
+            last_token_at=self.last_token_at,
+            last_restart=None if last is None else asdict(last),
+            incidents_24h=len([at for at in list(self.opened) if at >= now - DAY]),
+            gave_up_24h=sum(n for at, n in list(self.gave_up) if at >= now - DAY),
+        )
