@@ -57,11 +57,11 @@ def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
     real_tick = daemon.tick
 
     def timed(name: str) -> object:
-        began, before = time.monotonic(), len(w.restarts_here)
+        began, before = time.monotonic(), len(w.tally.restarts_here)
         try:
             return real_tick(name)
         finally:
-            ticks.append((began, time.monotonic(), len(w.restarts_here) != before))
+            ticks.append((began, time.monotonic(), len(w.tally.restarts_here) != before))
 
     daemon.tick = timed  # type: ignore[method-assign]
     asked: list[float] = []  # probe rows the ticks asked the history for
@@ -83,7 +83,7 @@ def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
     finally:
         locker.wait(30)
     assert spent_at - locked_at < HOLD, "the budget was spent only after the lock was gone"
-    assert len(w.restarts_here) == 1  # max_restarts = 1, whatever the history could take
+    assert len(w.tally.restarts_here) == 1  # max_restarts = 1, whatever the history could take
 
     under_lock = [
         (end - began, restarted)

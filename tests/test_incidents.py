@@ -20,6 +20,7 @@ from mlx_watchdog.cycle import NoSink
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.triggers import Streak, Trigger
+from mlx_watchdog.record import db as db_module
 from mlx_watchdog.record import store as store_module
 from mlx_watchdog.record.store import Store
 from tests.conftest import TESTS, BadByPidfile, DaemonThread, free_port, until
@@ -187,7 +188,7 @@ def test_a_locked_history_during_a_wedge_announces_it_once_and_closes_it(
     run_daemon: Callable[[object], DaemonThread],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.05)
+    monkeypatch.setattr(db_module, "BUSY_TIMEOUT", 0.05)
     kinds: list[str] = []
     daemon = Daemon(parse_config(command_config(tmp_path, hanging)))
     daemon.crew.sink = Kinds(kinds)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_watchdog.record.store import MIGRATIONS, Store
+from mlx_watchdog.record.db import MIGRATIONS
+from mlx_watchdog.record.store import Store
 
 
 def test_incident_lifecycle(tmp_path: Path) -> None:
@@ -96,8 +97,8 @@ def test_file_found_corrupt_while_running_is_replaced(tmp_path: Path) -> None:
     path.write_bytes(b"garbage" * 1000)
     for suffix in ("-wal", "-shm"):
         Path(str(path) + suffix).unlink(missing_ok=True)
-    store._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-    store._closed = False
+    store.db._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    store.db.closed = False
     store.start_restart("a", 3.0, "wedged")  # fails on the garbage, moves it aside, retries
     assert store.problem is not None and "corrupt" in store.problem
     assert (tmp_path / "h.db.corrupt-99").exists()
