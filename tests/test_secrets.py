@@ -16,7 +16,7 @@ import pytest
 
 from mlx_watchdog.config import ServerConfig, parse_config
 from mlx_watchdog.daemon import Daemon
-from mlx_watchdog.sense.probe import auth_headers
+from mlx_watchdog.sense.request import auth_headers
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
 from tests.test_daemon import toml
 

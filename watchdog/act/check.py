@@ -15,8 +15,9 @@ from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.evidence import Inspector, ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.sense.load import LoadReader
+from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
-from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding, check_models
+from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25

@@ -22,7 +22,8 @@ from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.evidence import Inspector
-from mlx_watchdog.sense.probe import OK, Probe, auth_headers
+from mlx_watchdog.sense.probe import OK, Probe
+from mlx_watchdog.sense.request import auth_headers
 
 
 def plan(server: ServerConfig, prompt_tokens: int, give_up_after: float) -> str:

@@ -7,25 +7,19 @@ open up to `hard_timeout`, because a probe that disconnects is one more abandone
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import errno
-import functools
-import json
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
-from urllib.parse import unquote
 
 import httpx
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.config.profiles import InMemory
-from mlx_watchdog.sense.bounded import BadJson, Cutoff, TooLarge, get, load_json, read_capped
+from mlx_watchdog.sense.answer import classify_error, json_answer, stream_event
+from mlx_watchdog.sense.bounded import BadJson, Cutoff, load_json, read_capped
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
@@ -34,6 +28,16 @@ from mlx_watchdog.sense.findings import (
     ModelsCheck,
     ProbeFinding,
     ProbeSnapshot,
+)
+from mlx_watchdog.sense.models import in_memory, model_ids
+from mlx_watchdog.sense.request import (
+    CONNECT_TIMEOUT,
+    MAX_BODY,
+    MAX_ERROR_BODY,
+    auth_headers,
+    probe_body,
+    refused,
+    tls,
 )
 
 __all__ = [
@@ -45,47 +49,6 @@ __all__ = [
     "ProbeFinding",
     "ProbeSnapshot",
 ]
-
-
-MAX_BODY = 1 << 20  # a 1-token answer is a few kB; more means the server ignores max_tokens
-MAX_ERROR_BODY = 64 << 10
-CONNECT_TIMEOUT = 10.0
-
-
-def probe_body(server: ServerConfig) -> dict[str, Any]:
-    # No "seed" (it forces serial serving) and no "model" unless configured (a different
-    # name makes mlx_lm.server load that model).
-    body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": server.probe.prompt}],
-        "max_tokens": server.probe.max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "temperature": 0,
-    }
-    if server.model:
-        body["model"] = server.model
-    return body
-
-
-@functools.cache
-def tls() -> ssl.SSLContext:
-    """One TLS context for every probe: building one loads the CA store (~30 ms of CPU).
-    The same CA bundle httpx uses by default (certifi)."""
-    import certifi
-
-    return ssl.create_default_context(cafile=certifi.where())
-
-
-def auth_headers(server: ServerConfig) -> dict[str, str]:
-    """The API key as a bearer token; else the URL's `user:password@` as basic auth."""
-    key = server.api_key()
-    if key:
-        return {"Authorization": f"Bearer {key}"}
-    if server.credentials:
-        user, _, password = server.credentials.partition(":")
-        pair = f"{unquote(user)}:{unquote(password)}".encode()
-        return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
-    return {}
 
 
 class Probe:
@@ -220,8 +183,9 @@ class Probe:
 
     def _failed(self, exc: httpx.HTTPError, hard: float) -> None:
         if isinstance(exc, httpx.ConnectError):
-            refused = _refused(exc)
-            self._finish(ProbeFinding.REFUSED if refused else ProbeFinding.CONNECT_ERROR, str(exc))
+            self._finish(
+                ProbeFinding.REFUSED if refused(exc) else ProbeFinding.CONNECT_ERROR, str(exc)
+            )
         elif isinstance(exc, httpx.ConnectTimeout):
             self._finish(ProbeFinding.CONNECT_TIMEOUT, f"no connection within {CONNECT_TIMEOUT:g}s")
         elif isinstance(exc, httpx.ReadTimeout):
@@ -334,45 +298,10 @@ class Probe:
         return None if self.snapshot().done else b"".join(parts)
 
     def _judge_json(self, body: bytes) -> tuple[ProbeFinding, str]:
-        """A 200 answer that is not a stream: accept a proper non-streaming completion."""
-        if body.lstrip()[:1] == b"<":
-            return ProbeFinding.HTML_ERROR, "200 with an HTML page"
-        try:
-            data = load_json(body)
-        except BadJson as exc:
-            return ProbeFinding.INVALID_JSON, f"{exc}: {_excerpt(body)}"
-        if not isinstance(data, dict):
-            return ProbeFinding.INVALID_JSON, _excerpt(body)
-        if "error" in data:
-            return (
-                ProbeFinding.HTTP_ERROR,
-                f"200 with error: {_excerpt(json.dumps(data['error']).encode())}",
-            )
-        now = self._clock()
-        usage = _dict(data.get("usage"))
-        choices = _list(data.get("choices"))
-        text = ""
-        finish = None
-        for ch in choices:
-            if isinstance(ch, dict):
-                msg = _dict(ch.get("message"))
-                text += str(msg.get("content") or "") + str(msg.get("reasoning_content") or "")
-                finish = ch.get("finish_reason") or finish
-        tokens = _int(usage.get("completion_tokens")) or (1 if text else 0)
-        self._set(
-            tokens=tokens,
-            finish_reason=finish,
-            first_data_at=now,
-            first_token_at=now if tokens else None,
-            **_usage(usage),
-        )
-        if finish == "error":
-            return ProbeFinding.FINISH_ERROR, "non-streaming answer"
-        return (
-            (OK, "non-streaming answer")
-            if tokens
-            else (ProbeFinding.ZERO_TOKENS, "non-streaming answer")
-        )
+        finding, detail, changes = json_answer(body, self._clock())
+        if changes:
+            self._set(**changes)
+        return finding, detail
 
     def _read_stream(self, response: httpx.Response, hard: float) -> None:
         buf = b""
@@ -426,192 +355,13 @@ class Probe:
             else:
                 self._finish(OK)
             return "done"
-        try:
-            event = load_json(payload)
-        except BadJson:
-            self._finish(ProbeFinding.INVALID_JSON, _excerpt(payload))
-            return "done"
-        if not isinstance(event, dict):
-            self._finish(ProbeFinding.INVALID_JSON, _excerpt(payload))
-            return "done"
-        if "error" in event:
-            self._finish(ProbeFinding.STREAM_ERROR, _excerpt(json.dumps(event["error"]).encode()))
-            return "done"
         snap = self.snapshot()
-        tokens = snap.tokens
-        finish = snap.finish_reason
-        for ch in _list(event.get("choices")):
-            if not isinstance(ch, dict):
-                continue
-            delta = _dict(ch.get("delta"))
-            # Count tokens, not text: a reasoning model's first token can be empty content.
-            if (
-                delta.get("content")
-                or delta.get("reasoning_content")
-                or delta.get("reasoning")
-                or delta.get("tool_calls")
-            ):
-                tokens += 1
-            finish = ch.get("finish_reason") or finish
-        usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
-        if usage is not None:
-            tokens = max(tokens, _int(usage.get("completion_tokens")))
-        changes: dict[str, Any] = {"tokens": tokens, "finish_reason": finish}
-        if usage is not None:
-            changes.update(_usage(usage))
-        if tokens and snap.first_token_at is None:
+        ended, detail, changes = stream_event(payload, snap.tokens, snap.finish_reason)
+        if changes.get("tokens") and snap.first_token_at is None:
             changes["first_token_at"] = now
-        self._set(**changes)
-        if finish == "error":
-            self._finish(ProbeFinding.FINISH_ERROR, 'finish_reason "error"')
+        if changes:
+            self._set(**changes)
+        if ended is not None:
+            self._finish(ended, detail)
             return "done"
         return "data"
-
-
-def classify_error(status: int, ctype: str, body: bytes | None) -> tuple[ProbeFinding, str]:
-    if body is None:
-        return ProbeFinding.BODY_TOO_LARGE, f"HTTP {status} with a huge body"
-    if status in (401, 403):
-        return ProbeFinding.AUTH_FAILED, f"HTTP {status}: check api_key_file"
-    if "text/html" in ctype or body.lstrip()[:1] == b"<":
-        return ProbeFinding.HTML_ERROR, f"HTTP {status} with an HTML page"
-    try:
-        data = load_json(body)
-    except BadJson:
-        return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(body)}"
-    if isinstance(data, dict) and "error" in data:
-        err = data["error"]
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        if status == 503 and "loading" in str(msg).lower():
-            return ProbeFinding.LOADING, f"HTTP 503: {_excerpt(str(msg).encode())}"
-        return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(str(msg).encode())}"
-    return ProbeFinding.HTTP_ERROR, f"HTTP {status}: {_excerpt(body)}"
-
-
-# -- /v1/models ----------------------------------------------------------------------------
-
-
-def check_models(
-    server: ServerConfig,
-    *,
-    clock: Clock = time.time,
-    transport: httpx.BaseTransport | None = None,
-    on_connect: Callable[[tuple[str, int]], None] | None = None,
-) -> ModelsCheck:
-    """GET /v1/models under `models_timeout` in all and a 1 MiB cap. `on_connect` learns the
-    connection's client address: the server may hold it after a timeout, and it is the
-    watchdog's own, never a client's."""
-    start = clock()
-    seconds = server.probe.models_timeout
-
-    def done(
-        status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()
-    ) -> ModelsCheck:
-        return ModelsCheck(status, finding == "ok", finding, detail, ids, clock() - start)
-
-    try:
-        headers = auth_headers(server)
-    except OSError as exc:
-        return done(None, "error", f"cannot read api_key_file: {exc.strerror}")
-    try:
-        status, body = get(
-            server.url + "/v1/models",
-            headers=headers,
-            deadline=seconds,
-            cap=MAX_BODY,
-            transport=transport,
-            verify=tls(),
-            on_connect=on_connect,
-        )
-    except httpx.ConnectError as exc:
-        return done(None, "refused" if _refused(exc) else "error", str(exc))
-    except TooLarge:
-        return done(None, "too_large", "body over 1 MiB")
-    except httpx.TimeoutException:
-        return done(None, "timeout", f"no whole answer within {seconds:g}s")
-    except httpx.HTTPError as exc:
-        return done(None, "error", f"{type(exc).__name__}: {exc}")
-    if status != 200:
-        return done(status, "http_error", f"HTTP {status}: {_excerpt(body)}")
-    if not body.strip():
-        return done(
-            status,
-            "empty_body",
-            "200 with an empty body (a missing Hugging Face cache folder does this)",
-        )
-    try:
-        data = load_json(body)
-    except BadJson as exc:
-        return done(status, "invalid_json", f"{exc}: {_excerpt(body, 60)}")
-    ids = model_ids(data)
-    if ids is None:
-        return done(status, "invalid_json", 'no "data" list')
-    if server.model and server.model not in ids:
-        return done(
-            status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids
-        )
-    return done(status, "ok", f"{len(ids)} models listed", ids)
-
-
-def in_memory(doc: object, memory: InMemory) -> tuple[str, ...]:
-    """The model names a server's in-memory list (`InMemory`) holds, in its order."""
-    entries = doc.get(memory.items) if isinstance(doc, dict) else None
-    names: list[str] = []
-    for entry in entries if isinstance(entries, list) else ():
-        if not isinstance(entry, dict):
-            continue
-        if memory.instances:
-            loaded = entry.get(memory.instances)
-            entry = loaded[0] if isinstance(loaded, list) and loaded else None
-            if not isinstance(entry, dict):
-                continue
-        name = entry.get(memory.name)
-        if isinstance(name, str) and name:
-            names.append(name)
-    return tuple(names)
-
-
-def model_ids(data: object) -> tuple[str, ...] | None:
-    """The ids a /v1/models answer lists; None when it has no "data" list."""
-    entries = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return None
-    return tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
-
-
-def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return {
-        "prompt_tokens": _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else None,
-        "cached_tokens": _int(cached) if cached is not None else None,
-    }
-
-
-def _refused(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if (
-            isinstance(seen, ConnectionRefusedError)
-            or getattr(seen, "errno", None) == errno.ECONNREFUSED
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return "connection refused" in str(exc).lower()
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _excerpt(body: bytes, limit: int = 120) -> str:
-    text = body.decode(errors="replace").strip().replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "..."

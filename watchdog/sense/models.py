@@ -1,0 +1,103 @@
+"""`GET /v1/models`, and the model lists servers that load on demand keep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.config.profiles import InMemory
+from mlx_watchdog.sense.answer import excerpt
+from mlx_watchdog.sense.bounded import BadJson, TooLarge, get, load_json
+from mlx_watchdog.sense.findings import Clock, ModelsCheck
+from mlx_watchdog.sense.request import MAX_BODY, auth_headers, refused, tls
+
+
+def check_models(
+    server: ServerConfig,
+    *,
+    clock: Clock = time.time,
+    transport: httpx.BaseTransport | None = None,
+    on_connect: Callable[[tuple[str, int]], None] | None = None,
+) -> ModelsCheck:
+    """GET /v1/models under `models_timeout` in all and a 1 MiB cap. `on_connect` learns the
+    connection's client address: the server may hold it after a timeout, and it is the
+    watchdog's own, never a client's."""
+    start = clock()
+    seconds = server.probe.models_timeout
+
+    def done(
+        status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()
+    ) -> ModelsCheck:
+        return ModelsCheck(status, finding == "ok", finding, detail, ids, clock() - start)
+
+    try:
+        headers = auth_headers(server)
+    except OSError as exc:
+        return done(None, "error", f"cannot read api_key_file: {exc.strerror}")
+    try:
+        status, body = get(
+            server.url + "/v1/models",
+            headers=headers,
+            deadline=seconds,
+            cap=MAX_BODY,
+            transport=transport,
+            verify=tls(),
+            on_connect=on_connect,
+        )
+    except httpx.ConnectError as exc:
+        return done(None, "refused" if refused(exc) else "error", str(exc))
+    except TooLarge:
+        return done(None, "too_large", "body over 1 MiB")
+    except httpx.TimeoutException:
+        return done(None, "timeout", f"no whole answer within {seconds:g}s")
+    except httpx.HTTPError as exc:
+        return done(None, "error", f"{type(exc).__name__}: {exc}")
+    if status != 200:
+        return done(status, "http_error", f"HTTP {status}: {excerpt(body)}")
+    if not body.strip():
+        return done(
+            status,
+            "empty_body",
+            "200 with an empty body (a missing Hugging Face cache folder does this)",
+        )
+    try:
+        data = load_json(body)
+    except BadJson as exc:
+        return done(status, "invalid_json", f"{exc}: {excerpt(body, 60)}")
+    ids = model_ids(data)
+    if ids is None:
+        return done(status, "invalid_json", 'no "data" list')
+    if server.model and server.model not in ids:
+        return done(
+            status, "not_listed", f'"{server.model}" is not among {len(ids)} listed models', ids
+        )
+    return done(status, "ok", f"{len(ids)} models listed", ids)
+
+
+def in_memory(doc: object, memory: InMemory) -> tuple[str, ...]:
+    """The model names a server's in-memory list (`InMemory`) holds, in its order."""
+    entries = doc.get(memory.items) if isinstance(doc, dict) else None
+    names: list[str] = []
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        if memory.instances:
+            loaded = entry.get(memory.instances)
+            entry = loaded[0] if isinstance(loaded, list) and loaded else None
+            if not isinstance(entry, dict):
+                continue
+        name = entry.get(memory.name)
+        if isinstance(name, str) and name:
+            names.append(name)
+    return tuple(names)
+
+
+def model_ids(data: object) -> tuple[str, ...] | None:
+    """The ids a /v1/models answer lists; None when it has no "data" list."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return None
+    return tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
