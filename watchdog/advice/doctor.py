@@ -7,13 +7,14 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.advice.calibrate import Advice, refusal
+from mlx_watchdog.advice.finding import Finding, Level, exit_code
+from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.judge.advice import tokens_label
@@ -25,21 +26,9 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
-Level = Literal["ok", "note", "warning", "problem"]  # a note: known to happen, and the fix
+__all__ = ["Finding", "Level", "exit_code", "mac_findings", "run_doctor"]
+
 LITELLM_DEFAULT_TIMEOUT = 600.0  # what the proxy waits when the config names no timeout
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Level
-    what: str
-    detail: str
-    fix: str = ""
-
-
-def exit_code(findings: list[Finding]) -> int:
-    levels = {f.level for f in findings}
-    return 2 if "problem" in levels else 1 if "warning" in levels else 0
 
 
 def run_doctor(
@@ -58,7 +47,7 @@ def run_doctor(
     yield Finding("ok", "config", f"valid ({source})")
     for warning in config.warnings:
         yield Finding("warning", "config", warning)
-    yield from _service(system, home, env)
+    yield from service_findings(system, home, env)
     if service.default_kind() == "launchd":
         yield from mac_findings(config, home, system, python=service.interpreter())
     yield _endpoint(config)
@@ -83,174 +72,6 @@ def _state_dir(path: Path) -> Finding:
     except UnsafeState as exc:
         return Finding("problem", "state", str(exc), "run refuses it until that is fixed")
     return Finding("ok", "state", f"{path} is this user's alone")
-
-
-def _service(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:
-    if service.default_kind() == "launchd":
-        yield from _launchd(system, home)
-    else:
-        yield from _systemd(system, home, env)
-
-
-def _launchd(system: System, home: Path) -> Iterator[Finding]:
-    from mlx_watchdog.act.managers.launchd import job_info
-    from mlx_watchdog.service.launchd import DAEMONS
-
-    label, uid = service.WATCHDOG_LABEL, system.uid()
-    agent = home / "Library" / "LaunchAgents" / f"{label}.plist"
-    places = [(DAEMONS / f"{label}.plist", "system")]
-    places += [(agent, f"gui/{uid}"), (agent, f"user/{uid}")]
-    installed = [(path, domain) for path, domain in places if path.exists()]
-    if not installed:
-        yield Finding(
-            "warning",
-            "service",
-            f"the watchdog is not installed as a launchd job (no {agent}, no "
-            f"{DAEMONS / f'{label}.plist'})",
-            "mlx-watchdog install (or sudo mlx-watchdog install --system)",
-        )
-        return
-    for path, domain in installed:
-        info = job_info(system, f"{domain}/{label}")
-        if info is None:
-            continue
-        if info.problem:
-            yield Finding("warning", "service", f"launchctl print {domain}/{label}: {info.problem}")
-        if info.running:
-            yield Finding("ok", "service", f"running in {domain} (PID {info.pid}) from {path}")
-            if domain.startswith("user/"):
-                yield Finding(
-                    "warning",
-                    "service",
-                    f"loaded in {domain}: it does not start at boot before someone logs in",
-                    "for a Mac that must serve after a reboot: sudo mlx-watchdog install --system",
-                )
-            return
-        yield Finding(
-            "problem",
-            "service",
-            f"loaded in {domain} but not running (launchctl print {domain}/{label})",
-            "mlx-watchdog install (it reloads and starts it); its log says why it exits",
-        )
-        return
-    where = ", ".join(str(path) for path, _ in installed)
-    yield Finding(
-        "problem",
-        "service",
-        f"{where} is installed but not loaded in any launchd domain",
-        "mlx-watchdog install (it loads and starts it)",
-    )
-
-
-NOTIFIER_PATHS = (  # where Apprise's macosx:// looks for terminal-notifier
-    "/opt/homebrew/bin/terminal-notifier",
-    "/usr/local/bin/terminal-notifier",
-    "/usr/bin/terminal-notifier",
-    "/bin/terminal-notifier",
-    "/opt/local/bin/terminal-notifier",
-)
-PROTECTED = ("Documents", "Desktop", "Downloads")  # macOS privacy protection (TCC) folders
-
-
-def mac_findings(config: Config, home: Path, system: System, *, python: str) -> Iterator[Finding]:
-    """What launchd jobs on a Mac trip over: notifications need a GUI session and
-    terminal-notifier, and privacy protection can keep a job out of some folders."""
-    if any(url.startswith("macosx://") for url in config.watchdog.alerts):
-        if not any(os.access(p, os.X_OK) for p in NOTIFIER_PATHS):
-            yield Finding(
-                "problem",
-                "alerts",
-                "macosx:// alerts need terminal-notifier, which Apprise looks for in "
-                + ", ".join(NOTIFIER_PATHS),
-                "brew install terminal-notifier",
-            )
-        from mlx_watchdog.act.managers.launchd import domain_exists
-
-        if not domain_exists(system, f"gui/{system.uid()}"):
-            yield Finding(
-                "warning",
-                "alerts",
-                "macosx:// alerts show only in a GUI session; nobody is logged in at the screen",
-                "add an alert that leaves the machine (ntfy://, mailto://, a webhook)",
-            )
-    places = [("the Python the service runs", Path(python))]
-    if config.source is not None:
-        places.append(("the config", config.source))
-    places += [(f"{s.name}'s model", Path(m)) for s in config.servers for m in _models(s)]
-    for what, path in places:
-        where = _protected(path, home)
-        if where:
-            yield Finding(
-                "warning",
-                "privacy",
-                f"{what} is under {where} ({path}): macOS privacy protection can keep a "
-                "launchd job from reading it",
-                "move it out (e.g. ~/mlx or /opt), or grant the interpreter Full Disk Access",
-            )
-
-
-def _models(server: ServerConfig) -> list[str]:
-    args = list(server.command)
-    if server.plist is not None and server.plist.exists():
-        import plistlib
-
-        try:
-            args = [str(a) for a in plistlib.loads(server.plist.read_bytes())["ProgramArguments"]]
-        except (OSError, ValueError, KeyError):
-            args = []
-    return [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--model", "--draft-model")]
-
-
-def _protected(path: Path, home: Path) -> str | None:
-    path = path.expanduser()
-    for name in PROTECTED:
-        if path.is_relative_to(home / name):
-            return f"~/{name}"
-    if path.is_relative_to("/Volumes"):
-        return "an external volume"
-    return None
-
-
-def _systemd(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:
-    from mlx_watchdog.service.systemd import SYSTEM_UNITS, user_unit_dir
-
-    label = service.WATCHDOG_UNIT
-    for path, ctl in (
-        (SYSTEM_UNITS / label, ["systemctl"]),
-        (user_unit_dir(env, home) / label, ["systemctl", "--user"]),
-    ):
-        if not path.exists():
-            continue
-        code, out = system.run([*ctl, "is-active", label], timeout=10)
-        if code != 0:
-            yield Finding(
-                "problem",
-                "service",
-                f"{path} is installed but not running ({' '.join(ctl)} is-active: "
-                f"{out.strip()[-120:]})",
-                "mlx-watchdog install (it loads and starts it)",
-            )
-            return
-        yield Finding("ok", "service", f"installed and running (systemd: {label})")
-        if len(ctl) == 2:
-            user = env.get("USER") or ""
-            code, out = system.run(["loginctl", "show-user", user, "-p", "Linger"], timeout=10)
-            if code == 0 and out.strip() == "Linger=no":
-                yield Finding(
-                    "warning",
-                    "service",
-                    "a user unit without lingering stops when you log out and does not start "
-                    "at boot",
-                    f"loginctl enable-linger {user} (or sudo mlx-watchdog install --system)",
-                )
-        return
-    yield Finding(
-        "warning",
-        "service",
-        f"the watchdog is not installed as a systemd unit ({user_unit_dir(env, home) / label} "
-        "is missing)",
-        "mlx-watchdog install",
-    )
 
 
 def _endpoint(config: Config) -> Finding:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mlx_watchdog.cli import advise, compare, fleet, ops, watch
+from mlx_watchdog.cli import advise, compare, fleet, install, ops, watch
 from mlx_watchdog.cli.app import cli
 
-for _module in (watch, ops, advise, compare, fleet):
+for _module in (watch, ops, install, advise, compare, fleet):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 
