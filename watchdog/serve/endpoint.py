@@ -64,145 +64,148 @@ def ensure_token(path: Path) -> str:
     return token
 
 
+class Handler(http.server.BaseHTTPRequestHandler):
+    """The endpoint's routes; `make_handler` binds them to a backend and its token."""
+
+    backend: Backend
+    token: str
+    guarded: tuple[str, ...] = ()  # the GET routes that need the token too (beyond loopback)
+    server_version = "mlx-watchdog"
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a load balancer polling every second must not fill the log
+
+    def handle_one_request(self) -> None:
+        self.server.mark(self.connection, idle=True)  # type: ignore[attr-defined]
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        # Idle until its headers are whole: one that sends them a byte at a time is the
+        # first to go when the connections are all taken.
+        whole = super().parse_request()
+        self.server.mark(self.connection, idle=not whole)  # type: ignore[attr-defined]
+        return whole
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        parts = path.strip("/").split("/")
+        if path in self.guarded and not self._authorized():
+            self.close_connection = True
+            self._error(401, f"{path} needs the bearer token here (the api-token file)")
+            return
+        if path == "/status":
+            self._json(200, self.backend.status())
+        elif path == "/metrics":
+            body, ctype = self.backend.prometheus()
+            self._send(200, body, ctype)
+        elif parts[0] == "healthz" and len(parts) <= 2:
+            self._health(parts[1] if len(parts) == 2 else None)
+        elif len(parts) == 3 and parts[0] == "servers" and parts[2] in ACTIONS:
+            self._error(405, "use POST", allow="POST")
+        else:
+            self._error(404, f"no such path: {path}")
+
+    def do_POST(self) -> None:
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if not (len(parts) == 3 and parts[0] == "servers" and parts[2] in ACTIONS):
+            self.close_connection = True  # its body, if any, is never read
+            if parts[0] in ("status", "metrics", "healthz"):
+                self._error(405, "use GET", allow="GET")
+            else:
+                self._error(404, f"no such path: /{'/'.join(parts)}")
+            return
+        # Who asks comes before what they send: a body is read only for the token holder.
+        if not self._authorized():
+            self.close_connection = True
+            self._error(401, "a bearer token is needed (the api-token file in state_dir)")
+            return
+        problem = self._read_body()
+        if problem is not None:
+            self.close_connection = True
+            self._error(*problem)
+            return
+        try:
+            message = self.backend.act(parts[1], parts[2])
+        except KeyError:
+            self._error(404, f'no server named "{parts[1]}"')
+            return
+        except Conflict as exc:
+            self._error(409, str(exc))
+            return
+        self._json(202, {"server": parts[1], "action": parts[2], "message": message})
+
+    def do_PUT(self) -> None:
+        self.close_connection = True
+        self._error(405, "use GET or POST", allow="GET, POST")
+
+    do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+
+    def _authorized(self) -> bool:
+        given = self.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
+    def _read_body(self) -> tuple[int, str] | None:
+        """Read the (small, unused) body an action may carry; why not, as (code, message)."""
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding"):
+            return 411, "send Content-Length, not Transfer-Encoding"
+        if length is None:
+            return 411, "Content-Length is required"
+        if not length.isascii() or not length.isdigit():
+            return 400, f"Content-Length {length[:20]!r} is not a number of bytes"
+        if int(length) > MAX_BODY:
+            return 413, f"a body of at most {MAX_BODY} bytes"
+        if int(length):
+            self.rfile.read(int(length))
+        return None
+
+    def _health(self, name: str | None) -> None:
+        doc = self.backend.status()
+        servers = doc["servers"]
+        if name is not None:
+            servers = [s for s in servers if s["name"] == name]
+            if not servers:
+                self._error(404, f'no server named "{name}"')
+                return
+        ok = bool(servers) and all(s["serving"] for s in servers)
+        if "application/json" in self.headers.get("Accept", ""):
+            brief = [{k: s[k] for k in ("name", "state", "serving", "reason")} for s in servers]
+            problem = doc["watchdog"].get("history_problem")
+            self._json(200 if ok else 503, {"ok": ok, "servers": brief, "history_problem": problem})
+            return
+        lines = [
+            f"{s['name']} {'ok' if s['serving'] else 'unavailable'}: {s['reason']}" for s in servers
+        ]
+        self._send(200 if ok else 503, ("\n".join(lines) + "\n").encode(), "text/plain")
+
+    def _json(self, code: int, doc: object) -> None:
+        self._send(code, json.dumps(doc, default=str).encode(), "application/json")
+
+    def _error(self, code: int, message: str, allow: str | None = None) -> None:
+        headers = {"Allow": allow} if allow else {}
+        self._send(code, json.dumps({"error": message}).encode(), "application/json", headers)
+
+    def _send(
+        self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
 def make_handler(
     backend: Backend, token: str, guarded: tuple[str, ...] = ()
 ) -> type[http.server.BaseHTTPRequestHandler]:
     """`guarded`: the GET routes that need the token too (beyond loopback)."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        server_version = "mlx-watchdog"
-        protocol_version = "HTTP/1.1"
-        timeout = IDLE_TIMEOUT
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # a load balancer polling every second must not fill the log
-
-        def handle_one_request(self) -> None:
-            self.server.mark(self.connection, idle=True)  # type: ignore[attr-defined]
-            super().handle_one_request()
-
-        def parse_request(self) -> bool:
-            # Idle until its headers are whole: one that sends them a byte at a time is the
-            # first to go when the connections are all taken.
-            whole = super().parse_request()
-            self.server.mark(self.connection, idle=not whole)  # type: ignore[attr-defined]
-            return whole
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/") or "/"
-            parts = path.strip("/").split("/")
-            if path in guarded and not self._authorized():
-                self.close_connection = True
-                self._error(401, f"{path} needs the bearer token here (the api-token file)")
-                return
-            if path == "/status":
-                self._json(200, backend.status())
-            elif path == "/metrics":
-                body, ctype = backend.prometheus()
-                self._send(200, body, ctype)
-            elif parts[0] == "healthz" and len(parts) <= 2:
-                self._health(parts[1] if len(parts) == 2 else None)
-            elif len(parts) == 3 and parts[0] == "servers" and parts[2] in ACTIONS:
-                self._error(405, "use POST", allow="POST")
-            else:
-                self._error(404, f"no such path: {path}")
-
-        def do_POST(self) -> None:
-            parts = self.path.split("?", 1)[0].strip("/").split("/")
-            if not (len(parts) == 3 and parts[0] == "servers" and parts[2] in ACTIONS):
-                self.close_connection = True  # its body, if any, is never read
-                if parts[0] in ("status", "metrics", "healthz"):
-                    self._error(405, "use GET", allow="GET")
-                else:
-                    self._error(404, f"no such path: /{'/'.join(parts)}")
-                return
-            # Who asks comes before what they send: a body is read only for the token holder.
-            if not self._authorized():
-                self.close_connection = True
-                self._error(401, "a bearer token is needed (the api-token file in state_dir)")
-                return
-            problem = self._read_body()
-            if problem is not None:
-                self.close_connection = True
-                self._error(*problem)
-                return
-            try:
-                message = backend.act(parts[1], parts[2])
-            except KeyError:
-                self._error(404, f'no server named "{parts[1]}"')
-                return
-            except Conflict as exc:
-                self._error(409, str(exc))
-                return
-            self._json(202, {"server": parts[1], "action": parts[2], "message": message})
-
-        def do_PUT(self) -> None:
-            self.close_connection = True
-            self._error(405, "use GET or POST", allow="GET, POST")
-
-        do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
-
-        def _authorized(self) -> bool:
-            given = self.headers.get("Authorization", "")
-            return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-        def _read_body(self) -> tuple[int, str] | None:
-            """Read the (small, unused) body an action may carry; why not, as (code, message)."""
-            length = self.headers.get("Content-Length")
-            if self.headers.get("Transfer-Encoding"):
-                return 411, "send Content-Length, not Transfer-Encoding"
-            if length is None:
-                return 411, "Content-Length is required"
-            if not length.isascii() or not length.isdigit():
-                return 400, f"Content-Length {length[:20]!r} is not a number of bytes"
-            if int(length) > MAX_BODY:
-                return 413, f"a body of at most {MAX_BODY} bytes"
-            if int(length):
-                self.rfile.read(int(length))
-            return None
-
-        def _health(self, name: str | None) -> None:
-            doc = backend.status()
-            servers = doc["servers"]
-            if name is not None:
-                servers = [s for s in servers if s["name"] == name]
-                if not servers:
-                    self._error(404, f'no server named "{name}"')
-                    return
-            ok = bool(servers) and all(s["serving"] for s in servers)
-            if "application/json" in self.headers.get("Accept", ""):
-                brief = [{k: s[k] for k in ("name", "state", "serving", "reason")} for s in servers]
-                problem = doc["watchdog"].get("history_problem")
-                self._json(
-                    200 if ok else 503, {"ok": ok, "servers": brief, "history_problem": problem}
-                )
-                return
-            lines = [
-                f"{s['name']} {'ok' if s['serving'] else 'unavailable'}: {s['reason']}"
-                for s in servers
-            ]
-            self._send(200 if ok else 503, ("\n".join(lines) + "\n").encode(), "text/plain")
-
-        def _json(self, code: int, doc: object) -> None:
-            self._send(code, json.dumps(doc, default=str).encode(), "application/json")
-
-        def _error(self, code: int, message: str, allow: str | None = None) -> None:
-            headers = {"Allow": allow} if allow else {}
-            self._send(code, json.dumps({"error": message}).encode(), "application/json", headers)
-
-        def _send(
-            self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None
-        ) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler
+    bound = {"backend": backend, "token": token, "guarded": guarded}
+    return type("BoundHandler", (Handler,), bound)
 
 
 class _Server(http.server.ThreadingHTTPServer):
