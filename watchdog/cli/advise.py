@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,10 @@ from mlx_watchdog.cli.app import (
     pick_servers,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
+
+if TYPE_CHECKING:
+    from mlx_watchdog.advice.calibrate import Advice, Calibration
+    from mlx_watchdog.config import Config, ServerConfig
 
 
 @click.command()
@@ -58,22 +63,90 @@ def calibrate(
     """
     import json
 
-    from rich.table import Table
-
     from mlx_watchdog.advice.calibrate import (
-        CalibrationError,
         advise,
         context_length,
-        parse_tokens,
         refusal,
+    )
+    from mlx_watchdog.record.left import left_probes
+    from mlx_watchdog.record.store import open_history
+
+    cfg, server, sizes_n, limit = _calibration_inputs(
+        config_path, server_name, url, sizes, max_prompt
+    )
+    why, cmdline = refusal(server, left_probes(cfg.watchdog.state_dir))
+    if why is not None and not force:
+        err.print(
+            f"[yellow]not calibrating {server.name}:[/yellow] {escape(why)}; calibration sends "
+            "long prompts that everyone behind them would wait for. Try again when it is idle, "
+            "or pass --force.",
+            soft_wrap=True,
+        )
+        sys.exit(1)
+    cal = _measure(server, sizes_n, quiet=as_json)
+    prompt = limit or context_length(cmdline)
+    assumed = prompt is None
+    prompt = prompt or 32 * 1024
+    advice = advise(cal, prompt, answer_tokens)
+    store = open_history(cfg.watchdog.state_dir)
+    store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
+    store.close()
+    if as_json:
+        doc = {**cal.to_json(), "advice": advice.to_json(), "max_prompt_assumed": assumed}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    _print_calibration(server, cal, advice, prompt, assumed, answer_tokens)
+    if litellm_config is not None:
+        _litellm_warnings(litellm_config, cfg, server, advice)
+
+
+def _measure(server: ServerConfig, sizes: list[int], *, quiet: bool) -> Calibration:
+    """Run the calibration; nothing is kept when another process serves afterwards."""
+    from mlx_watchdog.advice.calibrate import (
+        CalibrationError,
         replaced,
         run_calibration,
         serving_process,
     )
+
+    say = (lambda _: None) if quiet else (lambda m: err.print(escape(m), style="dim"))
+    before = serving_process(server)
+    try:
+        cal = run_calibration(server, sizes, say=say)
+    except CalibrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    moved = replaced(server, before)
+    if moved is not None:
+        err.print(
+            f"[yellow]not kept:[/yellow] {escape(moved)}; its timings mix two processes. "
+            "Calibrate again once it serves.",
+            soft_wrap=True,
+        )
+        sys.exit(1)
+    return cal
+
+
+def _litellm_warnings(path: Path, cfg: Config, server: ServerConfig, advice: Advice) -> None:
+    import dataclasses
+
+    from mlx_watchdog.advice.doctor import litellm_findings
+
+    cfg_one = dataclasses.replace(cfg, servers=(server,))
+    for f in litellm_findings(path, cfg_one, {server.name: advice}):
+        if f.level != "ok":
+            err.print(f"[yellow]{f.level}:[/yellow] {escape(f.detail)}", soft_wrap=True)
+
+
+def _calibration_inputs(
+    config_path: Path | None,
+    server_name: str | None,
+    url: str | None,
+    sizes: str,
+    max_prompt: str | None,
+) -> tuple[Config, ServerConfig, list[int], int | None]:
+    """The config, the one server, the sizes and the largest prompt; a usage error else."""
+    from mlx_watchdog.advice.calibrate import parse_tokens
     from mlx_watchdog.config import ConfigError
-    from mlx_watchdog.judge.advice import tokens_label
-    from mlx_watchdog.record.left import left_probes
-    from mlx_watchdog.record.store import open_history
 
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")
@@ -89,41 +162,21 @@ def calibrate(
         raise click.UsageError("several servers are configured; name one with --server")
     if len(sizes_n) < 2:
         raise click.UsageError("--sizes needs at least two sizes, like 1k,4k,16k")
-    server = servers[0]
-    why, cmdline = refusal(server, left_probes(cfg.watchdog.state_dir))
-    if why is not None and not force:
-        err.print(
-            f"[yellow]not calibrating {server.name}:[/yellow] {escape(why)}; calibration sends "
-            "long prompts that everyone behind them would wait for. Try again when it is idle, "
-            "or pass --force.",
-            soft_wrap=True,
-        )
-        sys.exit(1)
-    say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
-    before = serving_process(server)
-    try:
-        cal = run_calibration(server, sizes_n, say=say)
-    except CalibrationError as exc:
-        raise click.ClickException(str(exc)) from None
-    moved = replaced(server, before)
-    if moved is not None:
-        err.print(
-            f"[yellow]not kept:[/yellow] {escape(moved)}; its timings mix two processes. "
-            "Calibrate again once it serves.",
-            soft_wrap=True,
-        )
-        sys.exit(1)
-    prompt = limit or context_length(cmdline)
-    assumed = prompt is None
-    prompt = prompt or 32 * 1024
-    advice = advise(cal, prompt, answer_tokens)
-    store = open_history(cfg.watchdog.state_dir)
-    store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
-    store.close()
-    if as_json:
-        doc = {**cal.to_json(), "advice": advice.to_json(), "max_prompt_assumed": assumed}
-        click.echo(json.dumps(doc, indent=2))
-        return
+    return cfg, servers[0], sizes_n, limit
+
+
+def _print_calibration(
+    server: ServerConfig,
+    cal: Calibration,
+    advice: Advice,
+    prompt: int,
+    assumed: bool,
+    answer_tokens: int,
+) -> None:
+    from rich.table import Table
+
+    from mlx_watchdog.judge.advice import tokens_label
+
     table = Table(box=None, padding=(0, 1), header_style="dim")
     for column in ("prompt tokens", "first token after", "prefill rate"):
         table.add_column(column, justify="right")
@@ -164,15 +217,6 @@ def calibrate(
     out.print(f"  client request timeout   {advice.client_s} s")
     out.print(f"  agent framework          {advice.agent_s} s")
     out.print(f"  load balancer / proxy    {advice.load_balancer_s} s")
-    if litellm_config is not None:
-        import dataclasses
-
-        from mlx_watchdog.advice.doctor import litellm_findings
-
-        cfg_one = dataclasses.replace(cfg, servers=(server,))
-        for f in litellm_findings(litellm_config, cfg_one, {server.name: advice}):
-            if f.level != "ok":
-                err.print(f"[yellow]{f.level}:[/yellow] {escape(f.detail)}", soft_wrap=True)
 
 
 @click.command()
