@@ -54,55 +54,62 @@ def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | No
     return Verdict(state, f"{state}: {reason}", evidence(obs, now))
 
 
-def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None, str]:
-    probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
-    waited = probe.waited(now)
-    age = proc.age(now)
-    young = age is not None and age < s.startup_grace
+Judged = tuple[State | None, str]  # None: nothing to say yet (or about the server)
 
-    if probe.finding == ProbeFinding.LOADING:
-        loading_for = now - obs.loading_since if obs.loading_since is not None else None
-        if age is None and loading_for is not None and loading_for >= s.startup_grace:
-            return State.DOWN, (
-                f"says it is loading its model, for {_s(loading_for)} now "
-                f"(startup_grace is {_s(s.startup_grace)}): {probe.detail}"
-            )
-        if age is not None and age >= s.startup_grace:
-            return State.DOWN, (
-                f"still loading its model {_s(age)} after it started "
-                f"(startup_grace is {_s(s.startup_grace)}): {probe.detail}"
-            )
-        since = f" (PID {proc.pid} started {_s(age)} ago)" if age is not None else ""
-        return State.STARTING, f"the server says it is loading its model{since}"
 
-    if probe.finding == OK:
-        ttft = probe.ttft if probe.ttft is not None else waited
-        note = _models_note(models)
+def _rule(obs: Observation, s: ProbeSettings, now: float) -> Judged:
+    finding = obs.probe.finding
+    if finding == ProbeFinding.LOADING:
+        return _says_loading(obs, s, now)
+    if finding == OK:
+        ttft = obs.probe.ttft if obs.probe.ttft is not None else obs.probe.waited(now)
+        note = _models_note(obs.models)
         if ttft > s.slow_after:
             return (
                 State.SLOW,
                 f"first token after {_s(ttft)} (slow_after is {_s(s.slow_after)}){note}",
             )
         return State.HEALTHY, f"first token in {_s(ttft)}{note}"
-
-    if probe.finding in DOWN_FINDINGS:
-        if young and proc.pid is not None:
-            return (
-                State.STARTING,
-                f"PID {proc.pid} started {_s(age or 0)} ago and is not answering yet",
-            )
+    if finding in DOWN_FINDINGS:
+        proc, age = obs.process, obs.process.age(now)
+        if age is not None and age < s.startup_grace and proc.pid is not None:
+            return State.STARTING, f"PID {proc.pid} started {_s(age)} ago and is not answering yet"
         where = f"; {proc.error}" if proc.error and proc.pid is None else ""
-        return State.DOWN, f"{DOWN_FINDINGS[probe.finding]}{where}"
-
-    if probe.finding in DEAD_FINDINGS:
-        detail = f" ({probe.detail})" if probe.detail else ""
-        return State.DEAD, f"{DEAD_FINDINGS[probe.finding]}{detail}"
-
-    if probe.finding not in (None, ProbeFinding.NO_RESPONSE):
+        return State.DOWN, f"{DOWN_FINDINGS[finding]}{where}"
+    if finding in DEAD_FINDINGS:
+        detail = f" ({obs.probe.detail})" if obs.probe.detail else ""
+        return State.DEAD, f"{DEAD_FINDINGS[finding]}{detail}"
+    if finding not in (None, ProbeFinding.NO_RESPONSE):
         return None, ""  # aborted by the watchdog itself: says nothing about the server
+    return _waiting(obs, s, now)
 
-    # The probe is waiting (or waited to the hard timeout) with no token. A young process
-    # may still be loading its model, unless clients already came and went or wait on it.
+
+def _says_loading(obs: Observation, s: ProbeSettings, now: float) -> Judged:
+    """The server said it is loading its model: starting, until startup_grace says down."""
+    probe, proc = obs.probe, obs.process
+    age = proc.age(now)
+    loading_for = now - obs.loading_since if obs.loading_since is not None else None
+    if age is None and loading_for is not None and loading_for >= s.startup_grace:
+        return State.DOWN, (
+            f"says it is loading its model, for {_s(loading_for)} now "
+            f"(startup_grace is {_s(s.startup_grace)}): {probe.detail}"
+        )
+    if age is not None and age >= s.startup_grace:
+        return State.DOWN, (
+            f"still loading its model {_s(age)} after it started "
+            f"(startup_grace is {_s(s.startup_grace)}): {probe.detail}"
+        )
+    since = f" (PID {proc.pid} started {_s(age)} ago)" if age is not None else ""
+    return State.STARTING, f"the server says it is loading its model{since}"
+
+
+def _waiting(obs: Observation, s: ProbeSettings, now: float) -> Judged:
+    """The probe is waiting (or waited to the hard timeout) with no token."""
+    probe, proc, load = obs.probe, obs.process, obs.load
+    waited, age = probe.waited(now), proc.age(now)
+    young = age is not None and age < s.startup_grace
+    # A young process may still be loading its model, unless clients already came and went
+    # or wait on it.
     if young and waited < s.startup_grace and not proc.abandoned and not proc.live:
         return (
             State.STARTING,
@@ -120,29 +127,40 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
             f"no token for {_s(waited)}{got} and the server's own health route answers "
             f"{load.health_status} ({load.health_body.strip()[:80] or 'no body'})"
         )
-    stalled = load.stalled() if load is not None and load.ok else None
     if proc.abandoned is None or proc.live is None:
-        why = proc.error or "its connections cannot be inspected"
-        if load is not None and load.ok and load.queued and stalled is not None:
-            why = f"{load.describe()}, last progress {_s(stalled)} ago"
-        if waited >= s.max_busy:
-            return (
-                State.WEDGED,
-                f"no token for {_s(waited)}{got}, longer than max_busy ({_s(s.max_busy)}); {why}",
-            )
-        return (
-            State.BUSY,
-            f"no token yet after {_s(waited)}{got}; {why}, so waiting up to max_busy ({_s(s.max_busy)})",
-        )
-
+        return _unseen_clients(obs, s, waited, got)
     abandoned, live = proc.abandoned, proc.live
     if waited < s.wedge_after:
         if live and not abandoned:
             return State.BUSY, f"{_clients(live)} being served; the probe has waited {_s(waited)}"
         held = f"; {_abandoned(abandoned)}" if abandoned else ""
         return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
+    return _past_wedge_after(obs, s, now, got)
 
-    lead = f"no token for {_s(waited)}{got} while {_models_state(models)}"
+
+def _unseen_clients(obs: Observation, s: ProbeSettings, waited: float, got: str) -> Judged:
+    """No token, and the server's connections cannot be seen: busy up to max_busy."""
+    proc, load = obs.process, obs.load
+    why = proc.error or "its connections cannot be inspected"
+    stalled = load.stalled() if load is not None and load.ok else None
+    if load is not None and load.ok and load.queued and stalled is not None:
+        why = f"{load.describe()}, last progress {_s(stalled)} ago"
+    if waited >= s.max_busy:
+        return (
+            State.WEDGED,
+            f"no token for {_s(waited)}{got}, longer than max_busy ({_s(s.max_busy)}); {why}",
+        )
+    return (
+        State.BUSY,
+        f"no token yet after {_s(waited)}{got}; {why}, so waiting up to max_busy ({_s(s.max_busy)})",
+    )
+
+
+def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) -> Judged:
+    """No token for wedge_after: wedged, unless live clients keep a working server busy."""
+    proc, load = obs.process, obs.load
+    waited, abandoned, live = obs.probe.waited(now), proc.abandoned or 0, proc.live or 0
+    lead = f"no token for {_s(waited)}{got} while {_models_state(obs.models)}"
     leaked = leaked_requests(load, proc, fans_out=obs.fans_out)
     leak_for = now - obs.leak_since if obs.leak_since is not None else 0.0
     if leaked > 0 and not abandoned and leak_for >= s.slow_after:
@@ -168,6 +186,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> tuple[State | None,
             State.WEDGED,
             f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})",
         )
+    stalled = load.stalled() if load is not None and load.ok else None
     cpu = f" (CPU {proc.cpu_percent:.0f}%)" if proc.cpu_percent is not None else ""
     said = f"; {load.describe()}" if load is not None and load.ok and load.queued else ""
     still = f", its progress counter still for {_s(stalled)}" if said and stalled else ""
