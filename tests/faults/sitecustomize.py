@@ -33,7 +33,7 @@ if _clock:  # first: the package's default arguments take time.time as it is whe
 
 _hang = os.environ.get("MLXWD_FAULT_HANG_TICK")
 if _hang:
-    from mlx_watchdog.serve import daemon as _daemon
+    from mlx_watchdog.daemon import run as _daemon
 
     _tick = _daemon.Daemon.tick
 

@@ -12,6 +12,7 @@ from mlx_watchdog.cli.app import config_option, err, escape, load_or_exit, out
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
+    from mlx_watchdog.advice.compare import Comparison
     from mlx_watchdog.config import Config, ServerConfig
 
 
@@ -52,19 +53,9 @@ def compare(
     """
     import json
 
-    from rich.table import Table
-
-    from mlx_watchdog.advice.calibrate import (
-        CalibrationError,
-        parse_tokens,
-        refusal,
-        replaced,
-        serving_process,
+    from mlx_watchdog.advice.calibrate import parse_tokens
     )
-    from mlx_watchdog.advice.compare import compare as run_compare
-    from mlx_watchdog.advice.compare import findings, table
     from mlx_watchdog.config import ConfigError, parse_duration
-    from mlx_watchdog.record.left import left_probes
 
     cfg = load_or_exit(config_path)
     try:
@@ -77,6 +68,19 @@ def compare(
         sys.exit(UNKNOWN_EXIT)
     if a.url == b.url:
         raise click.UsageError("SERVER_A and SERVER_B are the same server")
+    _refuse_busy(cfg, a, b)
+    result = _measure(a, b, tokens, seconds, quiet=as_json)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    _print(result)
+
+
+def _refuse_busy(cfg: Config, a: ServerConfig, b: ServerConfig) -> None:
+    """Exit 1 when either server has clients: long prompts would make them wait."""
+    from mlx_watchdog.advice.calibrate import refusal
+    from mlx_watchdog.record.left import left_probes
+
     left = left_probes(cfg.watchdog.state_dir)
     for side in (a, b):
         why, _ = refusal(side, left)
@@ -88,7 +92,16 @@ def compare(
                 soft_wrap=True,
             )
             sys.exit(1)
-    say = (lambda _: None) if as_json else (lambda m: err.print(escape(m), style="dim"))
+
+
+def _measure(
+    a: ServerConfig, b: ServerConfig, tokens: int, seconds: float, *, quiet: bool
+) -> Comparison:
+    """Compare; nothing is shown when another process serves either side afterwards."""
+    from mlx_watchdog.advice.calibrate import CalibrationError, replaced, serving_process
+    from mlx_watchdog.advice.compare import compare as run_compare
+
+    say = (lambda _: None) if quiet else (lambda m: err.print(escape(m), style="dim"))
     before = {side.url: serving_process(side) for side in (a, b)}
     try:
         result = run_compare(a, b, tokens, say=say, timeout=seconds)
@@ -104,9 +117,14 @@ def compare(
                 soft_wrap=True,
             )
             sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
-        return
+    return result
+
+
+def _print(result: Comparison) -> None:
+    from rich.table import Table
+
+    from mlx_watchdog.advice.compare import findings, table
+
     grid = Table(box=None, padding=(0, 2), header_style="dim")
     grid.add_column("")
     grid.add_column(f"A: {result.a.name}")
