@@ -54,7 +54,6 @@ def compare(
     import json
 
     from mlx_watchdog.advice.calibrate import parse_tokens
-    )
     from mlx_watchdog.config import ConfigError, parse_duration
 
     cfg = load_or_exit(config_path)

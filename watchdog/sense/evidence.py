@@ -139,6 +139,26 @@ class Inspector:
         if guessed and not any(_listens(c, port) for c in conns):
             self._proc = None  # no longer the server: scan for the one that listens now
             return self.sample(None, exclude)
+        seen = self._clients_of(conns, port, exclude, now)
+        self._clients = seen
+        clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
+        return ProcessEvidence(
+            pid=pid,
+            create_time=create_time,
+            cmdline=cmdline,
+            matches=self.server.match in " ".join(cmdline),
+            cpu_percent=None if self._proc_first else cpu,
+            rss_bytes=rss,
+            abandoned=sum(c.status == "abandoned" for c in clients),
+            live=sum(c.status == "live" for c in clients),
+            clients=clients,
+        )
+
+    def _clients_of(
+        self, conns: Iterable[Any], port: int, exclude: Iterable[Address], now: float
+    ) -> dict[Address, Client]:
+        """The clients on the server's port, each first seen as before; a connection newly in
+        CLOSE_WAIT is a client that gave up (counted once)."""
         skip = {_normal(a) for a in exclude}
         seen: dict[Address, Client] = {}
         for conn in conns:
@@ -163,19 +183,7 @@ class Inspector:
             seen[addr] = Client(addr, status, first_seen, since)
             if status == "abandoned" and (before is None or before.status != "abandoned"):
                 self.gave_up += 1
-        self._clients = seen
-        clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
-        return ProcessEvidence(
-            pid=pid,
-            create_time=create_time,
-            cmdline=cmdline,
-            matches=self.server.match in " ".join(cmdline),
-            cpu_percent=None if self._proc_first else cpu,
-            rss_bytes=rss,
-            abandoned=sum(c.status == "abandoned" for c in clients),
-            live=sum(c.status == "live" for c in clients),
-            clients=clients,
-        )
+        return seen
 
     def _process(self, pid: int) -> psutil.Process:
         # A new Process object's first cpu_percent() is meaningless; remember whether it is.
