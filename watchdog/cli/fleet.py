@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -91,38 +92,42 @@ def fleet(
     if as_json:
         click.echo(json.dumps({"machines": docs, "rows": table}, indent=2, default=str))
     else:
-        from rich.table import Table
-
-        from mlx_watchdog.cli.app import STATE_STYLE, escape, out
-
-        view = Table(box=None, padding=(0, 1), header_style="dim")
-        for column in (
-            "machine",
-            "server",
-            "state",
-            "restarts 24h",
-            "incidents 24h",
-            "gave up / h",
-            "budget",
-        ):
-            key = {"machine": "machine", "server": "server", "state": "state"}.get(column)
-            widest = max((len(str(r.get(key, ""))) for r in table), default=0) if key else 0
-            view.add_column(column, no_wrap=True, min_width=max(len(column), widest))
-        view.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=44)
-        for r in table:
-            style = STATE_STYLE.get(r["state"], "bold red")
-            view.add_row(
-                escape(r["machine"]),
-                escape(r["server"]),
-                f"[{style}]{r['state']}[/]",
-                str(r.get("restarts_24h", "-")),
-                str(r.get("incidents_24h", "-")),
-                str(r.get("gave_up_per_hour", "-")),
-                str(r.get("budget_left", "-")),
-                escape(str(r.get("reason") or r.get("why", ""))),
-            )
-        out.print(view)
+        _print(table)
     sys.exit(core.worst_exit(docs))
+
+
+def _print(table: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    from mlx_watchdog.cli.app import STATE_STYLE, escape, out
+
+    view = Table(box=None, padding=(0, 1), header_style="dim")
+    for column in (
+        "machine",
+        "server",
+        "state",
+        "restarts 24h",
+        "incidents 24h",
+        "gave up / h",
+        "budget",
+    ):
+        key = {"machine": "machine", "server": "server", "state": "state"}.get(column)
+        widest = max((len(str(r.get(key, ""))) for r in table), default=0) if key else 0
+        view.add_column(column, no_wrap=True, min_width=max(len(column), widest))
+    view.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=44)
+    for r in table:
+        style = STATE_STYLE.get(r["state"], "bold red")
+        view.add_row(
+            escape(r["machine"]),
+            escape(r["server"]),
+            f"[{style}]{r['state']}[/]",
+            str(r.get("restarts_24h", "-")),
+            str(r.get("incidents_24h", "-")),
+            str(r.get("gave_up_per_hour", "-")),
+            str(r.get("budget_left", "-")),
+            escape(str(r.get("reason") or r.get("why", ""))),
+        )
+    out.print(view)
 
 
 COMMANDS = (prometheus, fleet)

@@ -21,6 +21,46 @@ TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 12
 
 Status = Callable[[], dict[str, Any]]  # the daemon's status document
 
+# Per-server gauges read from the status document at scrape time: (metric, key, help).
+GAUGES = (
+    ("mlx_watchdog_serving", "serving", "1 while the server can take traffic."),
+    (
+        "mlx_watchdog_abandoned_connections",
+        "abandoned_connections",
+        "Client connections the server still owes an answer after the client left.",
+    ),
+    (
+        "mlx_watchdog_live_connections",
+        "live_connections",
+        "Client connections being served, besides the probe's own.",
+    ),
+    (
+        "mlx_watchdog_server_reported_running",
+        "server_running",
+        "Requests the server itself reports running (its kind's load report).",
+    ),
+    (
+        "mlx_watchdog_server_reported_waiting",
+        "server_waiting",
+        "Requests the server itself reports waiting (its kind's load report).",
+    ),
+    (
+        "mlx_watchdog_last_token_timestamp_seconds",
+        "last_token_at",
+        "Unix time of the last probe that got a token.",
+    ),
+    (
+        "mlx_watchdog_server_resident_memory_bytes",
+        "rss_bytes",
+        "Resident memory of the server process.",
+    ),
+    (
+        "mlx_watchdog_restart_budget_remaining",
+        "budget_left",
+        "Restarts left in the current window.",
+    ),
+)
+
 
 class Metrics:
     def __init__(self, status: Status) -> None:
@@ -100,42 +140,8 @@ class _StatusCollector(Collector):
             for s in (*STATES, "unknown"):
                 state.add_metric([d["name"], s], 1.0 if d["state"] == s else 0.0)
         yield state
-        yield gauge("mlx_watchdog_serving", "1 while the server can take traffic.", "serving")
-        yield gauge(
-            "mlx_watchdog_abandoned_connections",
-            "Client connections the server still owes an answer after the client left.",
-            "abandoned_connections",
-        )
-        yield gauge(
-            "mlx_watchdog_live_connections",
-            "Client connections being served, besides the probe's own.",
-            "live_connections",
-        )
-        yield gauge(
-            "mlx_watchdog_server_reported_running",
-            "Requests the server itself reports running (its kind's load report).",
-            "server_running",
-        )
-        yield gauge(
-            "mlx_watchdog_server_reported_waiting",
-            "Requests the server itself reports waiting (its kind's load report).",
-            "server_waiting",
-        )
-        yield gauge(
-            "mlx_watchdog_last_token_timestamp_seconds",
-            "Unix time of the last probe that got a token.",
-            "last_token_at",
-        )
-        yield gauge(
-            "mlx_watchdog_server_resident_memory_bytes",
-            "Resident memory of the server process.",
-            "rss_bytes",
-        )
-        yield gauge(
-            "mlx_watchdog_restart_budget_remaining",
-            "Restarts left in the current window.",
-            "budget_left",
-        )
+        for name, key, doc in GAUGES:
+            yield gauge(name, doc, key)
         held = GaugeMetricFamily(
             "mlx_watchdog_needs_person",
             "1 while the restart budget is spent and a person is needed.",
