@@ -90,6 +90,26 @@ def _server(
     if server.api_key_file is not None:
         yield _key_file(name, server.api_key_file)
     why, cmdline = refusal(server, left)
+    yield from _generation(name, server, why)
+    yield from _profile(server, cmdline)
+    if "--draft-model" in cmdline:
+        yield Finding(
+            "warning",
+            name,
+            "serves one request at a time (--draft-model disables batching): one abandoned "
+            "long prompt holds every client behind it until its prefill ends",
+            "give every client and proxy a timeout above the longest prefill "
+            "(mlx-watchdog calibrate)",
+        )
+    elif cmdline:
+        yield Finding(
+            "ok", name, "batched (no --draft-model): abandoned work still slows, less long"
+        )
+    yield from _calibration(name, server, store, now, advice)
+
+
+def _generation(name: str, server: ServerConfig, why: str | None) -> Iterator[Finding]:
+    """One generation, when the server is idle: does it serve, and what a probe costs."""
     if why is not None and any(f"is {state}:" in why for state in ("wedged", "dead", "down")):
         yield Finding("problem", name, f"no generation: {why}", "start or fix the server")
     elif why is not None:
@@ -116,20 +136,11 @@ def _server(
                     f"probe cost: {computed} prompt tokens computed on every probe",
                     "keep probe.prompt fixed; a prompt cache must be enabled on the server",
                 )
-    yield from _profile(server, cmdline)
-    if "--draft-model" in cmdline:
-        yield Finding(
-            "warning",
-            name,
-            "serves one request at a time (--draft-model disables batching): one abandoned "
-            "long prompt holds every client behind it until its prefill ends",
-            "give every client and proxy a timeout above the longest prefill "
-            "(mlx-watchdog calibrate)",
-        )
-    elif cmdline:
-        yield Finding(
-            "ok", name, "batched (no --draft-model): abandoned work still slows, less long"
-        )
+
+
+def _calibration(
+    name: str, server: ServerConfig, store: Store, now: float, advice: dict[str, Advice]
+) -> Iterator[Finding]:
     last = store.last_calibration(server.name)
     if last is None or "advice" not in last:
         yield Finding(

@@ -125,14 +125,7 @@ def run_drill(
     tiny = checker.start()
     models_status = checker.models.status if checker.models else None
     say("a tiny request waits for its first token ...")
-    abandoned, cpu_max = 0, None
-    while not tiny.wait(0.5):
-        ev = checker.observe(None).process
-        abandoned = max(abandoned, ev.abandoned or 0)
-        if ev.cpu_percent is not None:
-            cpu_max = max(cpu_max or 0.0, ev.cpu_percent)
-        if clock() - gave_up > max_wait:
-            break
+    abandoned, cpu_max = _watch(checker, tiny, gave_up + max_wait, clock)
     snap = tiny.snapshot()
     answered = snap.finding == OK and snap.first_token_at is not None
     restarted = False
@@ -165,6 +158,21 @@ def run_drill(
         replaced_after_s=None if replaced_after is None else round(replaced_after, 2),
         served_after_s=None if served_after is None else round(served_after, 2),
     )
+
+
+def _watch(
+    checker: Checker, tiny: Probe, until: float, clock: Callable[[], float]
+) -> tuple[int, float | None]:
+    """While the tiny request waits: the most abandoned connections and CPU seen."""
+    abandoned, cpu_max = 0, None
+    while not tiny.wait(0.5):
+        ev = checker.observe(None).process
+        abandoned = max(abandoned, ev.abandoned or 0)
+        if ev.cpu_percent is not None:
+            cpu_max = max(cpu_max or 0.0, ev.cpu_percent)
+        if clock() > until:
+            break
+    return abandoned, cpu_max
 
 
 def _served_again(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -21,6 +22,8 @@ from mlx_watchdog.judge.states import UNKNOWN_EXIT
 if TYPE_CHECKING:
     from mlx_watchdog.advice.calibrate import Advice, Calibration
     from mlx_watchdog.config import Config, ServerConfig
+
+T = TypeVar("T")
 
 
 @click.command()
@@ -146,23 +149,37 @@ def _calibration_inputs(
 ) -> tuple[Config, ServerConfig, list[int], int | None]:
     """The config, the one server, the sizes and the largest prompt; a usage error else."""
     from mlx_watchdog.advice.calibrate import parse_tokens
-    from mlx_watchdog.config import ConfigError
 
+    cfg, server = _one_server(config_path, url, server_name)
+    sizes_n = _or_exit(lambda: [parse_tokens(s, "--sizes") for s in sizes.split(",") if s.strip()])
+    limit = _or_exit(lambda: parse_tokens(max_prompt, "--max-prompt") if max_prompt else None)
+    if len(sizes_n) < 2:
+        raise click.UsageError("--sizes needs at least two sizes, like 1k,4k,16k")
+    return cfg, server, sizes_n, limit
+
+
+def _one_server(
+    config_path: Path | None, url: str | None, server_name: str | None
+) -> tuple[Config, ServerConfig]:
+    """The config and the one server a command acts on: --url, --server, or the only one."""
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")
     cfg = load_or_exit(config_path)
+    servers = _or_exit(lambda: pick_servers(cfg, url, server_name))
+    if len(servers) != 1:
+        raise click.UsageError("several servers are configured; name one with --server")
+    return cfg, servers[0]
+
+
+def _or_exit(parse: Callable[[], T]) -> T:
+    """What `parse` returns; a bad value is an error naming it, exit 3."""
+    from mlx_watchdog.config import ConfigError
+
     try:
-        servers = pick_servers(cfg, url, server_name)
-        sizes_n = [parse_tokens(s, "--sizes") for s in sizes.split(",") if s.strip()]
-        limit = parse_tokens(max_prompt, "--max-prompt") if max_prompt else None
+        return parse()
     except (ConfigError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
-    if len(servers) != 1:
-        raise click.UsageError("several servers are configured; name one with --server")
-    if len(sizes_n) < 2:
-        raise click.UsageError("--sizes needs at least two sizes, like 1k,4k,16k")
-    return cfg, servers[0], sizes_n, limit
 
 
 def _print_calibration(
@@ -259,23 +276,13 @@ def drill(
 
     from mlx_watchdog.advice.calibrate import parse_tokens, refusal
     from mlx_watchdog.advice.drill import plan, restart_through_daemon, run_drill
-    from mlx_watchdog.config import ConfigError, parse_duration
+    from mlx_watchdog.config import parse_duration
     from mlx_watchdog.record.left import left_probes
 
-    if url and server_name:
-        raise click.UsageError("give --url or --server, not both")
-    cfg = load_or_exit(config_path)
-    try:
-        servers = pick_servers(cfg, url, server_name)
-        tokens = parse_tokens(prompt_size, "--prompt")
-        give_up = parse_duration(give_up_after, "--give-up-after")
-        limit = parse_duration(max_wait, "--max-wait")
-    except (ConfigError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        sys.exit(UNKNOWN_EXIT)
-    if len(servers) != 1:
-        raise click.UsageError("several servers are configured; name one with --server")
-    server = servers[0]
+    cfg, server = _one_server(config_path, url, server_name)
+    tokens = _or_exit(lambda: parse_tokens(prompt_size, "--prompt"))
+    give_up = _or_exit(lambda: parse_duration(give_up_after, "--give-up-after"))
+    limit = _or_exit(lambda: parse_duration(max_wait, "--max-wait"))
     if not yes:
         err.print(escape(plan(server, tokens, give_up)), soft_wrap=True)
         err.print("Run it again with --yes to go ahead.")
