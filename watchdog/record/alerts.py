@@ -16,7 +16,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mlx_watchdog.config import mask_url
 from mlx_watchdog.judge.states import EventKind
@@ -72,6 +72,59 @@ def apprise_notify(url: str, title: str, body: str) -> bool:
         return bool(sender.notify(title=title, body=body))
 
 
+class Channel(Protocol):
+    """Somewhere events go. `deliver` may block; the Alerter bounds it by its time limit."""
+
+    @property
+    def name(self) -> str: ...
+
+    def deliver(self, event: Event, timeout: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class AppriseChannel:
+    """One Apprise URL; its name is masked (URLs carry tokens)."""
+
+    url: str
+    notify: Notify = apprise_notify
+
+    @property
+    def name(self) -> str:
+        return f"alert {mask_url(self.url)}"
+
+    def deliver(self, event: Event, timeout: float) -> bool:
+        return self.notify(self.url, event.title, event.message)
+
+
+@dataclass(frozen=True)
+class HookChannel:
+    """The on_event command: the event's JSON on its stdin; exit 0 means delivered."""
+
+    argv: tuple[str, ...]
+    name: str = "on_event hook"
+
+    def deliver(self, event: Event, timeout: float) -> bool:
+        try:
+            proc = subprocess.run(
+                list(self.argv),
+                input=event.to_json(),
+                text=True,
+                capture_output=True,
+                timeout=timeout,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.error("on_event hook %s failed: %s", self.argv[0], exc)
+            return False
+        if proc.returncode != 0:
+            log.error(
+                "on_event hook %s exited %d: %s",
+                self.argv[0],
+                proc.returncode,
+                proc.stderr.strip()[:200],
+            )
+        return proc.returncode == 0
+
+
 class Alerter:
     def __init__(
         self,
@@ -81,10 +134,10 @@ class Alerter:
         timeout: float = 15.0,
         notify: Notify = apprise_notify,
     ) -> None:
-        self.urls = tuple(urls)
-        self.hook = tuple(hook)
+        self.channels: list[Channel] = [AppriseChannel(u, notify) for u in urls]
+        if hook:
+            self.channels.append(HookChannel(tuple(hook)))
         self.timeout = timeout
-        self.notify = notify
         # The last deliveries (channel, event kind), bounded: a long-running daemon keeps no more.
         self.delivered: deque[tuple[str, str]] = deque(maxlen=100)
         # An Event to deliver, a threading.Event to set once all before it are delivered, or
@@ -114,51 +167,25 @@ class Alerter:
             if isinstance(event, threading.Event):
                 event.set()
                 continue
-            for url in self.urls:
-                self._deliver(f"alert {mask_url(url)}", event, url)
-            if self.hook:
-                self._deliver("on_event hook", event, None)
+            for channel in self.channels:
+                self._deliver(channel, event)
 
-    def _deliver(self, channel: str, event: Event, url: str | None) -> None:
+    def _deliver(self, channel: Channel, event: Event) -> None:
         result: list[bool] = []
 
         def run() -> None:
             try:
-                if url is None:
-                    result.append(self._run_hook(event))
-                else:
-                    result.append(self.notify(url, event.title, event.message))
+                result.append(channel.deliver(event, self.timeout))
             except Exception as exc:  # a channel's failure is never the watchdog's
-                log.error("%s failed: %s: %s", channel, type(exc).__name__, exc)
+                log.error("%s failed: %s: %s", channel.name, type(exc).__name__, exc)
                 result.append(False)
 
-        thread = threading.Thread(target=run, name=channel, daemon=True)
+        thread = threading.Thread(target=run, name=channel.name, daemon=True)
         thread.start()
         thread.join(self.timeout)
         if thread.is_alive():
-            log.error("%s timed out after %gs", channel, self.timeout)
+            log.error("%s timed out after %gs", channel.name, self.timeout)
         elif result and result[0]:
-            self.delivered.append((channel, event.kind))
+            self.delivered.append((channel.name, event.kind))
         elif result:
-            log.error("%s was not delivered", channel)
-
-    def _run_hook(self, event: Event) -> bool:
-        try:
-            proc = subprocess.run(
-                list(self.hook),
-                input=event.to_json(),
-                text=True,
-                capture_output=True,
-                timeout=self.timeout,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.error("on_event hook %s failed: %s", self.hook[0], exc)
-            return False
-        if proc.returncode != 0:
-            log.error(
-                "on_event hook %s exited %d: %s",
-                self.hook[0],
-                proc.returncode,
-                proc.stderr.strip()[:200],
-            )
-        return proc.returncode == 0
+            log.error("%s was not delivered", channel.name)
