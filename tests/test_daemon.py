@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
@@ -289,30 +290,31 @@ def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
     assert incident.outcome == "recovered by itself"
 
 
-def test_sigterm_mid_restart_ends_it_and_records_it_as_interrupted(
-    tmp_path: Path, hanging: BadByPidfile
+def test_a_stop_mid_restart_ends_it_and_records_it_as_interrupted(
+    tmp_path: Path,
+    hanging: BadByPidfile,
+    run_daemon: Callable[[object], DaemonThread],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    cfg = tmp_path / "w.toml"
-    cfg.write_text(toml(command_config(tmp_path, hanging, delay=600.0)))  # a restart that hangs
+    """The stop (SIGTERM's handler calls it) waits its bound for a restart to end, then kills
+    the restart command. The bound is injected: 1 s here, 20 s in a real run."""
+    caplog.set_level("INFO", "mlx_watchdog")
+    config = parse_config(command_config(tmp_path, hanging, delay=600.0))  # a restart that hangs
+    daemon = Daemon(config, stop_timeout=1.0)
     db = tmp_path / "state" / "history.db"
-    log = tmp_path / "daemon.log"
-    proc = daemon_process(cfg, log)
-    try:
-        until(lambda: restarts_in(db) == [("wedged", None)], 30, "a restart in progress")
-        until(lambda: psutil.Process(proc.pid).children(), 10, "the restart command to run")
-        (command,) = psutil.Process(proc.pid).children()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)  # the stop is bounded although the restart command never ends
-    finally:
-        proc.kill()
-    assert code == 0
+    running = tmp_path / "state" / "commands.json"
+    t = run_daemon(daemon)
+    until(lambda: restarts_in(db) == [("wedged", None)], 30, "a restart in progress")
+    until(lambda: running.exists() and json.loads(running.read_text()), 10, "the command to run")
+    (entry,) = json.loads(running.read_text())
+    command = psutil.Process(entry["pgid"])
+    assert any("restart_bad" in part for part in command.cmdline())
+    t.stop()  # returns only once run() has: the restart command never ends by itself
     assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
     assert restarts_in(db) == [("wedged", "interrupted")]
-    text = log.read_text()
-    assert (
-        "interrupting it" in text and "interrupted: the watchdog stopped during the restart" in text
-    )
-    assert text.rstrip().endswith("stopped")
+    assert "a restart is still running after 1s; interrupting it" in caplog.text
+    assert "interrupted: the watchdog stopped during the restart" in caplog.text
+    assert caplog.messages[-1] == "stopped"
 
 
 def test_sighup_reloads_and_keeps_the_old_config_when_the_new_is_bad(
