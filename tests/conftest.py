@@ -225,8 +225,9 @@ def batched_server(_batched_server: Running) -> Running:
     return _batched_server
 
 
-@pytest.fixture
-def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+@contextlib.contextmanager
+def bad_servers(folder: Path) -> Iterator[Callable[..., Running]]:
+    """Start misbehaving servers (tests/badserver.py) on demand; all end with the block."""
     started: list[Running] = []
 
     def start(
@@ -237,7 +238,7 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
         port: int | None = None,
     ) -> Running:
         port = port or free_port()
-        log = tmp_path / f"bad-{mode}-{port}-{len(started)}.log"
+        log = folder / f"bad-{mode}-{port}-{len(started)}.log"
         fh = log.open("wb")
         proc = subprocess.Popen(
             [
@@ -264,9 +265,26 @@ def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
         started.append(server)
         return server
 
-    yield start
-    for server in started:
-        server.stop()
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def bad_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    with bad_servers(tmp_path) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_bad_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., Running]]:
+    """Servers shared by a module's tests (each test file gets its own)."""
+    with bad_servers(tmp_path_factory.mktemp("bad")) as start:
+        yield start
 
 
 # -- the daemon's surroundings -------------------------------------------------------------

@@ -16,19 +16,13 @@ from dataclasses import dataclass, replace
 import httpx
 
 from mlx_watchdog.act.check import check_once
-from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import KINDS, PROFILES, Kind
 from mlx_watchdog.record.left import LeftProbes
+from tests.builders import HOSTILE
 
 GEN = "/v1/chat/completions"
-PROBE = ProbeSettings(
-    slow_after=0.3,
-    wedge_after=0.6,
-    max_busy=0.8,
-    hard_timeout=3.0,
-    startup_grace=0.01,
-    models_timeout=1.0,
-)
+PROBE = HOSTILE
 NESTED = "[" * 500_000
 CUT = {"body": '{"data": [{"id": "m"'}
 

@@ -5,29 +5,20 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import pytest
 
 from mlx_watchdog.act.check import check_once
-from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, judge
 from mlx_watchdog.sense.evidence import Inspector
 from mlx_watchdog.sense.probe import Probe
+from tests.builders import QUICK, watched
 from tests.conftest import Running, free_port
-
-FAST = ProbeSettings(
-    slow_after=0.5,
-    wedge_after=1.0,
-    max_busy=1.5,
-    hard_timeout=2.0,
-    startup_grace=0.01,
-    models_timeout=2.0,
-)
 
 
 def server_at(url: str, **probe: float) -> ServerConfig:
-    return ServerConfig(name="bad", url=url, match="badserver", probe=replace(FAST, **probe))
+    return watched(url, **probe)
 
 
 ROWS = [
@@ -87,7 +78,7 @@ def test_trickle_is_cut_at_the_hard_timeout_and_dead(bad_server: Callable[..., R
     snap = probe.snapshot()
     assert snap.finding == "trickle"
     assert snap.keepalives >= 5 and snap.tokens == 0
-    assert snap.waited(time.time()) >= FAST.hard_timeout
+    assert snap.waited(time.time()) >= QUICK.hard_timeout
     verdict = judge(Observation(snap, Inspector(server).sample()), server.probe, time.time())
     assert verdict is not None and verdict.state == "dead"
 

@@ -18,6 +18,7 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.record.store import Store
+from tests.builders import QUICK_TOML, watchdog_config
 from tests.conftest import (
     RESTART_BAD,
     TESTS,
@@ -30,14 +31,6 @@ from tests.conftest import (
     until,
 )
 
-FAST_PROBE = {
-    "slow_after": "300ms",
-    "wedge_after": "1s",
-    "max_busy": "2s",
-    "startup_grace": "5s",
-    "hard_timeout": "1m",
-}
-
 
 def command_config(
     tmp_path: Path,
@@ -47,32 +40,16 @@ def command_config(
     alerts: list[str] | None = None,
     hook: list[str] | None = None,
 ) -> dict[str, object]:
-    return {
-        "watchdog": {
-            "interval": "200ms",
-            "listen": "127.0.0.1:0",
-            "state_dir": str(tmp_path / "state"),
-            "alerts": alerts or [],
-            "on_event": hook or [],
-        },
-        "server": [
-            {
-                "name": "bad",
-                "url": bad.url,
-                "manager": "command",
-                "match": "badserver",
-                "restart_command": [
-                    *RESTART_BAD,
-                    str(bad.pidfile),
-                    str(bad.port),
-                    "ok",
-                    str(delay),
-                ],
-                "probe": FAST_PROBE,
-                "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
-            }
-        ],
+    server = {
+        "name": "bad",
+        "url": bad.url,
+        "manager": "command",
+        "match": "badserver",
+        "restart_command": [*RESTART_BAD, str(bad.pidfile), str(bad.port), "ok", str(delay)],
+        "probe": QUICK_TOML,
+        "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
     }
+    return watchdog_config(tmp_path / "state", [server], alerts=alerts or [], on_event=hook or [])
 
 
 def test_permanent_wedge_is_healed_through_the_command_manager(
@@ -112,7 +89,7 @@ def test_a_wedge_restarted_into_the_same_wedge_is_one_incident_and_no_client_lef
     raw = command_config(tmp_path, hanging, hook=argv)
     server = raw["server"][0]  # type: ignore[index]
     server["restart_command"][-2] = "hang"  # restarted, it hangs again
-    server["probe"] = {**FAST_PROBE, "startup_grace": "1500ms"}
+    server["probe"] = {**QUICK_TOML, "startup_grace": "1500ms"}
     server["restart"] = {"max_restarts": 2, "backoff": "200ms", "command_timeout": "1m"}
     t = run_daemon(Daemon(parse_config(raw)))
     store = t.daemon.store
@@ -153,7 +130,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
                     "manager": "process",
                     "match": "crash",
                     "command": [sys.executable, "-c", "import sys; sys.exit(3)  # crash"],
-                    "probe": {**FAST_PROBE, "startup_grace": "1s"},
+                    "probe": {**QUICK_TOML, "startup_grace": "1s"},
                     "restart": {"max_restarts": 2, "window": "1h", "backoff": "200ms"},
                 }
             ],
@@ -490,7 +467,7 @@ def test_a_killed_daemons_probe_is_no_client_of_the_next_one(
     cfg = tmp_path / "w.toml"
     raw = command_config(tmp_path, hanging)
     raw["server"][0]["manager"] = "none"  # type: ignore[index]
-    raw["server"][0]["probe"] = {**FAST_PROBE, "wedge_after": "30s", "max_busy": "40s"}  # type: ignore[index]
+    raw["server"][0]["probe"] = {**QUICK_TOML, "wedge_after": "30s", "max_busy": "40s"}  # type: ignore[index]
     cfg.write_text(toml(raw))
     log = tmp_path / "daemon.log"
     first = daemon_process(cfg, log)

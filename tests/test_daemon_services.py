@@ -15,8 +15,8 @@ import pytest
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
+from tests.builders import QUICK_TOML, watchdog_config
 from tests.conftest import TESTS, DaemonThread, FakeServices, Receiver, free_port, until
-from tests.test_daemon import FAST_PROBE
 
 LABEL = "com.example.mlx-server"
 UNIT = "mlx-server.service"
@@ -73,27 +73,16 @@ def config(
     alerts: tuple[str, ...] = (),
     **server: object,
 ) -> Config:
-    return parse_config(
-        {
-            "watchdog": {
-                "interval": "200ms",
-                "listen": "127.0.0.1:0",
-                "state_dir": str(tmp_path / "state"),
-                "alerts": list(alerts),
-            },
-            "server": [
-                {
-                    "name": "svc",
-                    "url": f"http://127.0.0.1:{port}",
-                    "match": "badserver",
-                    "probe": FAST_PROBE,
-                    "restart": {"max_restarts": 5, "backoff": "1s"},
-                    **keys,
-                    **server,
-                }
-            ],
-        }
-    )
+    svc = {
+        "name": "svc",
+        "url": f"http://127.0.0.1:{port}",
+        "match": "badserver",
+        "probe": QUICK_TOML,
+        "restart": {"max_restarts": 5, "backoff": "1s"},
+        **keys,
+        **server,
+    }
+    return parse_config(watchdog_config(tmp_path / "state", [svc], alerts=list(alerts)))
 
 
 def listener(port: int) -> int | None:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
+from tests.builders import QUICK_TOML, watchdog_config
 from tests.conftest import (
     TESTS,
     BadByPidfile,
@@ -27,23 +28,15 @@ from tests.conftest import (
     mlx_watchdog,
     until,
 )
-from tests.test_daemon import FAST_PROBE, command_config
+from tests.test_daemon import command_config
 
 
 def two_servers(tmp_path: Path, good: Running, bad: Running) -> Config:
-    return parse_config(
-        {
-            "watchdog": {
-                "interval": "200ms",
-                "listen": "127.0.0.1:0",
-                "state_dir": str(tmp_path / "state"),
-            },
-            "server": [
-                {"name": "good", "url": good.url, "probe": FAST_PROBE},
-                {"name": "hung", "url": bad.url, "probe": FAST_PROBE},
-            ],
-        }
-    )
+    servers = [
+        {"name": "good", "url": good.url, "probe": QUICK_TOML},
+        {"name": "hung", "url": bad.url, "probe": QUICK_TOML},
+    ]
+    return parse_config(watchdog_config(tmp_path / "state", servers))
 
 
 class Endpoint:
@@ -63,22 +56,27 @@ class Endpoint:
         return httpx.post(self.url + path, headers=headers, timeout=10)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def endpoint(
-    tmp_path: Path,
-    bad_server: Callable[..., Running],
-    run_daemon: Callable[[object], DaemonThread],
+    tmp_path_factory: pytest.TempPathFactory, module_bad_server: Callable[..., Running]
 ) -> Iterator[Endpoint]:
-    config = two_servers(tmp_path, bad_server("ok"), bad_server("hang"))
-    t = run_daemon(Daemon(config))
+    """One daemon with a good and a hung server, shared by the tests that only look (a test
+    that drains undrains before it ends)."""
+    config = two_servers(
+        tmp_path_factory.mktemp("endpoint"), module_bad_server("ok"), module_bad_server("hang")
+    )
+    t = DaemonThread(Daemon(config))
     e = Endpoint(t)
 
     def state(name: str) -> str | None:
         v = t.daemon.cycles[name].verdict
         return v.state if v else None
 
-    until(lambda: state("good") == "healthy" and state("hung") == "wedged", 30, "both verdicts")
-    yield e
+    try:
+        until(lambda: state("good") == "healthy" and state("hung") == "wedged", 30, "verdicts")
+        yield e
+    finally:
+        t.stop()
 
 
 def test_healthz_follows_the_state(endpoint: Endpoint) -> None:
@@ -415,10 +413,7 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
     theirs.write_text("attacker-chosen-token-0123456789\n")
     (state / "api-token").symlink_to(theirs)
     config = parse_config(
-        {
-            "watchdog": {"interval": "200ms", "listen": "127.0.0.1:0", "state_dir": str(state)},
-            "server": [{"name": "s", "url": srv.url, "match": "badserver"}],
-        }
+        watchdog_config(state, [{"name": "s", "url": srv.url, "match": "badserver"}])
     )
     t = run_daemon(Daemon(config))
     until(lambda: t.daemon.cycles["s"].verdict is not None, 20, "a verdict")

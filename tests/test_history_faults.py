@@ -14,8 +14,9 @@ from pathlib import Path
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Store
+from tests.builders import QUICK_TOML
 from tests.conftest import BadByPidfile, DaemonThread, until
-from tests.test_daemon import FAST_PROBE, command_config
+from tests.test_daemon import command_config
 
 HOLD = 6.0  # seconds the other process keeps the database locked
 
@@ -49,7 +50,7 @@ def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
     raw = command_config(tmp_path, hanging)
     server = raw["server"][0]  # type: ignore[index]
     server["restart_command"][-2] = "hang"  # restarted, it hangs again: the budget decides
-    server["probe"] = {**FAST_PROBE, "startup_grace": "1500ms"}
+    server["probe"] = {**QUICK_TOML, "startup_grace": "1500ms"}
     server["restart"] = {"max_restarts": 1, "window": "1h", "backoff": "200ms"}
     daemon = Daemon(parse_config(raw))
     w = daemon.cycles["bad"]

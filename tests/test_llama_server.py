@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send
+from tests import builders
 from tests.conftest import DaemonThread, Running, StartLlama, free_port, llama_argv, until
 
 pytestmark = pytest.mark.real_server
@@ -37,8 +37,8 @@ PROBE = ProbeSettings(
 
 
 def watched(url: str, **probe: float) -> ServerConfig:
-    return ServerConfig(
-        name="llama", url=url, kind="llama.cpp", match="llama-server", probe=replace(PROBE, **probe)
+    return builders.watched(
+        url, name="llama", kind="llama.cpp", match="llama-server", probe=PROBE, **probe
     )
 
 

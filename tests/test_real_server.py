@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from mlx_watchdog.act.check import check_once
-from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.judge.verdict import Evidence
+from tests.builders import REAL, watched
 from tests.conftest import Running, StartServer, free_port, mlx_watchdog
 
 pytestmark = pytest.mark.real_server
@@ -22,13 +23,7 @@ WEDGE_AFTER = "4s"
 
 
 def server_config(url: str) -> ServerConfig:
-    return ServerConfig(
-        name="real",
-        url=url,
-        probe=ProbeSettings(
-            slow_after=2.0, wedge_after=4.0, max_busy=60.0, hard_timeout=300.0, startup_grace=0.01
-        ),
-    )
+    return watched(url, name="real", match="mlx_lm", probe=REAL)
 
 
 def cli(*args: str) -> tuple[int, dict[str, object]]:

@@ -17,6 +17,7 @@ import pytest
 from mlx_watchdog.config import ServerConfig, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.sense.request import auth_headers
+from tests.builders import watchdog_config
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
 from tests.test_daemon import toml
 
@@ -58,15 +59,7 @@ def test_no_output_carries_a_secret_from_a_url(
             "match": "badserver",
         }
     )
-    raw = {
-        "watchdog": {
-            "interval": "200ms",
-            "listen": "127.0.0.1:0",
-            "state_dir": str(tmp_path / "state"),
-            "alerts": ["json://127.0.0.1:9/x"],
-        },
-        "server": servers,
-    }
+    raw = watchdog_config(tmp_path / "state", servers, alerts=["json://127.0.0.1:9/x"])
     cfg = tmp_path / "w.toml"
     cfg.write_text(toml(raw))
     outputs: list[str] = []

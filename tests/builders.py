@@ -1,0 +1,66 @@
+"""What the tests build their configs from: the probe presets and config builders, in one place.
+
+Spans are short so that a wedge shows within seconds, and ordered as the config requires
+(slow_after <= wedge_after <= max_busy <= hard_timeout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mlx_watchdog.config import ProbeSettings, ServerConfig
+from mlx_watchdog.config.profiles import Kind
+
+# A misbehaving server of our own, judged in process: a wedge within a second or two.
+QUICK = ProbeSettings(
+    slow_after=0.5,
+    wedge_after=1.0,
+    max_busy=1.5,
+    hard_timeout=2.0,
+    startup_grace=0.01,
+    models_timeout=2.0,
+)
+# Every kind of server, every route answering badly at once: tighter still.
+HOSTILE = replace(
+    QUICK, slow_after=0.3, wedge_after=0.6, max_busy=0.8, hard_timeout=3.0, models_timeout=1.0
+)
+# A real server on a tiny model (CPU): its first token can take a second or two.
+REAL = ProbeSettings(
+    slow_after=2.0, wedge_after=4.0, max_busy=60.0, hard_timeout=300.0, startup_grace=0.01
+)
+# The same spans as a config file writes them, for a daemon's config.
+QUICK_TOML = {
+    "slow_after": "300ms",
+    "wedge_after": "1s",
+    "max_busy": "2s",
+    "startup_grace": "5s",
+    "hard_timeout": "1m",
+}
+
+
+def watched(
+    url: str,
+    *,
+    name: str = "bad",
+    kind: Kind = "mlx_lm",
+    match: str = "badserver",
+    probe: ProbeSettings = QUICK,
+    **spans: float,
+) -> ServerConfig:
+    """A server to judge in process, with `probe`'s spans and any of them changed."""
+    return ServerConfig(name=name, url=url, kind=kind, match=match, probe=replace(probe, **spans))
+
+
+def watchdog_config(
+    state: Path,
+    servers: list[dict[str, Any]],
+    *,
+    interval: str = "200ms",
+    listen: str = "127.0.0.1:0",
+    **settings: Any,
+) -> dict[str, Any]:
+    """A daemon's config as a parsed TOML document: ticks every `interval`, state in `state`."""
+    section = {"interval": interval, "listen": listen, "state_dir": str(state), **settings}
+    return {"watchdog": section, "server": servers}
