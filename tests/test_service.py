@@ -59,7 +59,7 @@ class Mac(System):
 def test_watchdog_plist_has_its_keys_and_absolute_paths(home: Path) -> None:
     config = home / "c.toml"
     plan = service.target("launchd", Mac()).watchdog_plan(
-        config=config, home=home, env={"PATH": "/usr/bin"}, python="/v/bin/python"
+        service.WatchdogJob(config, home, {"PATH": "/usr/bin"}, "/v/bin/python")
     )
     assert plan.domain == "gui/501" and plan.path.parent == home / "Library" / "LaunchAgents"
     assert plan.content is not None
@@ -137,7 +137,7 @@ def test_units_pass_systemd_analyze_verify(
         env["SUDO_USER"] = pwd.getpwuid(0).pw_name  # refused: the job would run as root
         with pytest.raises(service.ServiceError, match="the user who ran sudo"):
             service.target("systemd", System(), system_wide=True).watchdog_plan(
-                config=home / "c.toml", home=home, env=env, python=sys.executable
+                service.WatchdogJob(home / "c.toml", home, env, sys.executable)
             )
         env["SUDO_USER"] = "nobody"
     tgt = service.target("systemd", System(), system_wide=which == "system")
@@ -152,7 +152,7 @@ def test_units_pass_systemd_analyze_verify(
         assert entry == {"unit": service.server_unit("qwen")}
     else:
         plan = tgt.watchdog_plan(
-            config=home / "my config.toml", home=home, env=env, python=sys.executable
+            service.WatchdogJob(home / "my config.toml", home, env, sys.executable)
         )
     assert plan.content is not None
     unit = tmp_path / plan.label
@@ -424,7 +424,7 @@ def test_system_unit_is_hardened(home: Path, tmp_path: Path) -> None:
     scores = {}
     for system_wide in (True, False):
         plan = service.target("systemd", System(), system_wide=system_wide).watchdog_plan(
-            config=home / "c.toml", home=home, env=env, python=sys.executable
+            service.WatchdogJob(home / "c.toml", home, env, sys.executable)
         )
         assert plan.content is not None
         unit = tmp_path / ("system" if system_wide else "user") / plan.label

@@ -79,9 +79,8 @@ def install(config_path: Path | None, target: str | None, system_wide: bool, dry
             write_template(path)
         err.print(f"wrote a config template to {path}; edit it, then run install again")
     home = user.home if user is not None else Path.home()
-    plan = tgt.watchdog_plan(
-        config=path, home=home, env=os.environ, python=service.interpreter(), writable=writable
-    )
+    job = service.WatchdogJob(path, home, os.environ, service.interpreter(), writable)
+    plan = tgt.watchdog_plan(job)
     _carry_out(plan, dry_run)
 
 

@@ -68,23 +68,24 @@ class Plan:
     dirs_owner: int | None = None  # root making the log folder of another user's job
 
 
+@dataclass(frozen=True)
+class WatchdogJob:
+    """What the watchdog's own job runs: `mlx-watchdog run --config config` with `python`."""
+
+    config: Path
+    home: Path
+    env: Mapping[str, str]
+    python: str
+    writable: Sequence[Path] = ()  # folders it writes outside its user's home (systemd's sandbox)
+
+
 class Target(Protocol):
     kind: Kind
     watchdog_label: str
 
     def server_label(self, name: str) -> str: ...
 
-    def watchdog_plan(
-        self,
-        *,
-        config: Path,
-        home: Path,
-        env: Mapping[str, str],
-        python: str,
-        writable: Sequence[Path] = (),
-    ) -> Plan:
-        """`writable`: folders the job writes outside its user's home (systemd's sandbox)."""
-        ...
+    def watchdog_plan(self, job: WatchdogJob) -> Plan: ...
 
     def server_plan(
         self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str

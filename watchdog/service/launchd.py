@@ -23,6 +23,7 @@ from mlx_watchdog.service import (
     Plan,
     ServiceError,
     Step,
+    WatchdogJob,
     job_user,
     no_placeholders,
     server_label,
@@ -141,27 +142,19 @@ class Launchd:
             dirs_owner=owner,
         )
 
-    def watchdog_plan(
-        self,
-        *,
-        config: Path,
-        home: Path,
-        env: Mapping[str, str],
-        python: str,
-        writable: Sequence[Path] = (),
-    ) -> Plan:
-        user, job_home, uid = self._user(env)
-        home = job_home if self.system_wide else home
+    def watchdog_plan(self, job: WatchdogJob) -> Plan:
+        user, job_home, uid = self._user(job.env)
+        home = job_home if self.system_wide else job.home
         content = self._render(
             "mlx-watchdog",
             label=WATCHDOG_LABEL,
-            python=python,
+            python=job.python,
             log=self._logs(home) / "watchdog.log",
-            env=service_env(env, home),
+            env=service_env(job.env, home),
             home=home,
             user=user,
             exit_timeout=STOP_BOUND,
-            values={"@CONFIG@": str(config)},
+            values={"@CONFIG@": str(job.config)},
         )
         return self._install(WATCHDOG_LABEL, content, home, uid)
 

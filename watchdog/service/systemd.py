@@ -20,6 +20,7 @@ from mlx_watchdog.service import (
     Plan,
     ServiceError,
     Step,
+    WatchdogJob,
     job_user,
     no_placeholders,
     server_unit,
@@ -147,25 +148,17 @@ class Systemd:
             domain=self.domain,
         )
 
-    def watchdog_plan(
-        self,
-        *,
-        config: Path,
-        home: Path,
-        env: Mapping[str, str],
-        python: str,
-        writable: Sequence[Path] = (),
-    ) -> Plan:
-        user, home = self._user(env, home)
+    def watchdog_plan(self, job: WatchdogJob) -> Plan:
+        user, home = self._user(job.env, job.home)
         content = self._render(
             "mlx-watchdog",
-            python=python,
-            env=service_env(env, home),
+            python=job.python,
+            env=service_env(job.env, home),
             user=user,
-            values={"@CONFIG@": str(config)},
-            writable=(home, *writable),
+            values={"@CONFIG@": str(job.config)},
+            writable=(home, *job.writable),
         )
-        return self._install(WATCHDOG_UNIT, content, env, home)
+        return self._install(WATCHDOG_UNIT, content, job.env, home)
 
     def server_plan(
         self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str
