@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlx_watchdog.config import to_toml  # noqa: E402
+from tests.builders import badserver_argv, watchdog_config  # noqa: E402
 from tests.conftest import RESTART_BAD, TESTS, free_port, listens  # noqa: E402
 
 PROBE = {"slow_after": "300ms", "wedge_after": "1s", "max_busy": "2s", "startup_grace": "5s"}
@@ -97,13 +98,7 @@ class Run:
             "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
         }
         entry.update(server)
-        watchdog = {
-            "interval": "200ms",
-            "listen": "127.0.0.1:0",
-            "state_dir": str(self.state),
-            "on_event": self.hook,
-        }
-        self.cfg.write_text(to_toml({"watchdog": watchdog, "server": [entry]}))
+        self.cfg.write_text(to_toml(watchdog_config(self.state, [entry], on_event=self.hook)))
 
     def daemon(self, *, wait_up: bool = True) -> subprocess.Popen[bytes]:
         env = {
@@ -235,7 +230,7 @@ def sighup_storm(run: Run) -> tuple[str, int, list[str]]:
 
 
 def reload_setting(run: Run) -> tuple[str, int, list[str]]:
-    argv = [sys.executable, str(TESTS / "badserver.py"), "--port", str(run.port), "--mode", "ok"]
+    argv = badserver_argv(run.port, "ok")
     os.kill(run.server_pid(), signal.SIGKILL)
     wait(lambda: not listens(run.port), 10, "the port to free")
     run.config(manager="process", command=argv)
@@ -253,21 +248,26 @@ def reload_setting(run: Run) -> tuple[str, int, list[str]]:
     return f"wedge_after changed: server PID {'kept' if after == pid else 'changed'}", 0, []
 
 
-def kill9_mid_restart(run: Run) -> tuple[str, int, list[str]]:
+def _kill9_and_relaunch(run: Run, first: subprocess.Popen[bytes], until: str) -> bool:
+    """kill -9 the daemon with its commands running, start the next one, wait for `until`:
+    whether the commands the first left were ended."""
     import psutil
 
+    helpers = psutil.Process(first.pid).children(recursive=True)
+    first.kill()
+    first.wait()
+    run.daemon()
+    wait(lambda: until in run.events(), 60, until)
+    return not any(h.is_running() and h.status() != "zombie" for h in helpers)
+
+
+def kill9_mid_restart(run: Run) -> tuple[str, int, list[str]]:
     run.config(delay=3.0)
     first = run.daemon()
     run.server("hang")
     wait(lambda: "restarting" in run.events(), 30, "a restart")
     time.sleep(0.3)
-    helpers = psutil.Process(first.pid).children(recursive=True)
-    first.kill()
-    first.wait()
-    run.daemon()
-    wait(lambda: "recovered" in run.events(), 30, "recovered")
-    ended = not any(h.is_running() and h.status() != "zombie" for h in helpers)
-    said = "ended" if ended else "LEFT RUNNING"
+    said = "ended" if _kill9_and_relaunch(run, first, "recovered") else "LEFT RUNNING"
     return (
         f"orphaned restart command {said} by the next daemon; the wedge restarted once more",
         2,
@@ -285,12 +285,7 @@ def kill9_mid_drain(run: Run) -> tuple[str, int, list[str]]:
     wait(lambda: "detected" in run.events(), 30, "detection")
     wait(lambda: any("sleep" in " ".join(c.cmdline()) for c in psutil.Process(first.pid)
                      .children(recursive=True)), 10, "the drain command")  # fmt: skip
-    helpers = psutil.Process(first.pid).children(recursive=True)
-    first.kill()
-    first.wait()
-    run.daemon()
-    wait(lambda: "recovered" in run.events(), 60, "recovered")
-    ended = not any(h.is_running() and h.status() != "zombie" for h in helpers)
+    ended = _kill9_and_relaunch(run, first, "recovered")
     return f"orphaned drain command {'ended' if ended else 'LEFT RUNNING'}", 1, HEALED
 
 

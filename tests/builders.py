@@ -6,6 +6,7 @@ Spans are short so that a wedge shows within seconds, and ordered as the config 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -64,3 +65,9 @@ def watchdog_config(
     """A daemon's config as a parsed TOML document: ticks every `interval`, state in `state`."""
     section = {"interval": interval, "listen": listen, "state_dir": str(state), **settings}
     return {"watchdog": section, "server": servers}
+
+
+def badserver_argv(port: int, mode: str = "ok", *extra: str) -> list[str]:
+    """The command line of a misbehaving server of our own (tests/badserver.py)."""
+    script = Path(__file__).parent / "badserver.py"
+    return [sys.executable, str(script), "--port", str(port), "--mode", mode, *extra]

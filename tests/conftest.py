@@ -153,6 +153,17 @@ def hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hf-hub-cache")
 
 
+@contextlib.contextmanager
+def stopped_at_end() -> Iterator[list[Running]]:
+    """The servers a fixture starts, each stopped when the fixture ends."""
+    started: list[Running] = []
+    try:
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
 StartServer = Callable[..., Running]
 
 
@@ -160,8 +171,6 @@ StartServer = Callable[..., Running]
 def start_real_server(
     tiny_model: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StartServer]:
-    started: list[Running] = []
-
     def start(*extra: str, hub_cache: Path | None = None) -> Running:
         port = free_port()
         log = tmp_path_factory.mktemp("server-log") / "server.log"
@@ -177,9 +186,8 @@ def start_real_server(
         wait_until_serving(server)
         return server
 
-    yield start
-    for server in started:
-        server.stop()
+    with stopped_at_end() as started:
+        yield start
 
 
 @pytest.fixture(scope="session")
@@ -228,7 +236,6 @@ def batched_server(_batched_server: Running) -> Running:
 @contextlib.contextmanager
 def bad_servers(folder: Path) -> Iterator[Callable[..., Running]]:
     """Start misbehaving servers (tests/badserver.py) on demand; all end with the block."""
-    started: list[Running] = []
 
     def start(
         mode: str,
@@ -265,11 +272,8 @@ def bad_servers(folder: Path) -> Iterator[Callable[..., Running]]:
         started.append(server)
         return server
 
-    try:
+    with stopped_at_end() as started:
         yield start
-    finally:
-        for server in started:
-            server.stop()
 
 
 @pytest.fixture
@@ -685,7 +689,6 @@ def start_llama(
     llama_binary: Path, tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StartLlama]:
     """llama-server on the tiny GGUF (`llama_argv`). `wait=False` returns while it loads."""
-    started: list[Running] = []
 
     def start(*extra: str, wait: bool = True, metrics: bool = True) -> Running:
         port = free_port()
@@ -697,9 +700,8 @@ def start_llama(
             wait_until_serving(server)
         return server
 
-    yield start
-    for server in started:
-        server.stop()
+    with stopped_at_end() as started:
+        yield start
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,9 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.record.store import Store
-from tests.builders import QUICK_TOML, watchdog_config
+from tests.builders import QUICK_TOML, badserver_argv, watchdog_config
 from tests.conftest import (
     RESTART_BAD,
-    TESTS,
     BadByPidfile,
     DaemonThread,
     Receiver,
@@ -148,7 +147,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
 
     # Probing goes on; once something serves on the port, the hold ends.
     ok = subprocess.Popen(
-        [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"],
+        badserver_argv(port, "ok"),
         stdout=subprocess.DEVNULL,
     )
     try:
@@ -356,14 +355,7 @@ def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
                         "url": f"http://127.0.0.1:{port}",
                         "manager": "process",
                         "match": "badserver",
-                        "command": [
-                            sys.executable,
-                            str(TESTS / "badserver.py"),
-                            "--port",
-                            str(port),
-                            "--mode",
-                            "ok",
-                        ],
+                        "command": badserver_argv(port, "ok"),
                     }
                 ],
             }
@@ -390,7 +382,7 @@ def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
     import threading
 
     port = free_port()
-    command = [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"]
+    command = badserver_argv(port, "ok")
     raw: dict[str, object] = {
         "watchdog": {"interval": "200ms", "listen": "off", "state_dir": str(tmp_path / "state")},
         "server": [

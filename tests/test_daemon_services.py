@@ -6,7 +6,6 @@ import os
 import plistlib
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import pytest
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
-from tests.builders import QUICK_TOML, watchdog_config
-from tests.conftest import TESTS, DaemonThread, FakeServices, Receiver, free_port, until
+from tests.builders import QUICK_TOML, badserver_argv, watchdog_config
+from tests.conftest import DaemonThread, FakeServices, Receiver, free_port, until
 
 LABEL = "com.example.mlx-server"
 UNIT = "mlx-server.service"
@@ -24,16 +23,7 @@ UNIT = "mlx-server.service"
 
 def job_argv(port: int) -> list[str]:
     # Serves two requests per process, then never releases its slot: a restart really heals it.
-    return [
-        sys.executable,
-        str(TESTS / "badserver.py"),
-        "--port",
-        str(port),
-        "--mode",
-        "hang_later",
-        "--ok-requests",
-        "2",
-    ]
+    return badserver_argv(port, "hang_later", "--ok-requests", "2")
 
 
 def install_job(kind: str, fakes: FakeServices, tmp_path: Path, port: int) -> dict[str, object]:

@@ -18,9 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
-from tests.builders import QUICK_TOML, watchdog_config
+from tests.builders import QUICK_TOML, badserver_argv, watchdog_config
 from tests.conftest import (
-    TESTS,
     BadByPidfile,
     DaemonThread,
     Running,
@@ -299,16 +298,7 @@ def test_hundreds_of_idle_connections_and_a_slow_sender_leave_the_watchdog_seein
     hang_file = tmp_path / "hang-now"
     port = free_port()
     server = subprocess.Popen(
-        [
-            sys.executable,
-            str(TESTS / "badserver.py"),
-            "--port",
-            str(port),
-            "--mode",
-            "hang_later",
-            "--hang-file",
-            str(hang_file),
-        ],
+        badserver_argv(port, "hang_later", "--hang-file", str(hang_file)),
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
     )

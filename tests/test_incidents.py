@@ -23,7 +23,8 @@ from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.record import db as db_module
 from mlx_watchdog.record import store as store_module
 from mlx_watchdog.record.store import Store
-from tests.conftest import TESTS, BadByPidfile, DaemonThread, free_port, until
+from tests.builders import badserver_argv
+from tests.conftest import BadByPidfile, DaemonThread, free_port, until
 from tests.test_daemon import command_config
 
 SETTINGS = ProbeSettings(startup_grace=60.0)
@@ -136,7 +137,7 @@ def test_a_crashed_child_is_respawned_without_waiting_for_startup_grace(
 ) -> None:
     argv, hook_out = hook
     port = free_port()
-    badserver = [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"]
+    badserver = badserver_argv(port, "ok")
     config = parse_config(
         {
             "watchdog": {

@@ -19,7 +19,8 @@ from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.act.managers.launchd import LaunchdManager, parse_print
 from mlx_watchdog.config import parse_config, to_toml
-from tests.conftest import TESTS, FakeServices, User, free_port, gone, listens, until
+from tests.builders import badserver_argv
+from tests.conftest import FakeServices, User, free_port, gone, listens, until
 
 LABEL = service.WATCHDOG_LABEL
 
@@ -144,7 +145,7 @@ def test_the_restart_escalation_survives_an_asynchronous_teardown(
     port = free_port()
     label = "test.bad"
     plist = tmp_path / f"{label}.plist"
-    argv = [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", "ok"]
+    argv = badserver_argv(port, "ok")
     plist.write_bytes(
         plistlib.dumps(
             {

@@ -25,13 +25,14 @@ from mlx_watchdog.cycle import Crew, Cycle, NoSink
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.evidence import ProcessTable
-from tests.conftest import TESTS, FakeServices, free_port, until
+from tests.builders import badserver_argv
+from tests.conftest import FakeServices, free_port, until
 
 LABEL = "com.example.mlx-server"
 
 
 def bad_argv(port: int, mode: str = "ok") -> list[str]:
-    return [sys.executable, str(TESTS / "badserver.py"), "--port", str(port), "--mode", mode]
+    return badserver_argv(port, mode)
 
 
 def listening(port: int) -> int | None:
