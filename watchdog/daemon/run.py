@@ -33,6 +33,7 @@ from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.left import left_probes
+from mlx_watchdog.record.metrics import Metrics
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
@@ -40,7 +41,6 @@ from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
-from mlx_watchdog.serve.metrics import Metrics
 from mlx_watchdog.serve.status import of_cycle
 
 log = logging.getLogger("mlx_watchdog")
