@@ -23,6 +23,7 @@ from typing import Any
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import MARGIN, round_up
+from mlx_watchdog.judge.states import State
 from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
@@ -298,7 +299,7 @@ def refusal(
     )
     result = check_once(quick, left=left)
     verdict, process = result.verdict, result.observation.process
-    if verdict.state not in ("healthy", "slow"):
+    if verdict.state not in (State.HEALTHY, State.SLOW):
         return f"the server is {verdict.reason}", process.cmdline
     if process.live:
         return f"{process.live} client(s) are being served right now", process.cmdline

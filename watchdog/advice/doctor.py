@@ -18,6 +18,7 @@ from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.judge.advice import tokens_label
+from mlx_watchdog.judge.states import BAD_STATES
 from mlx_watchdog.record.left import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
@@ -110,7 +111,7 @@ def _server(
 
 def _generation(name: str, server: ServerConfig, why: str | None) -> Iterator[Finding]:
     """One generation, when the server is idle: does it serve, and what a probe costs."""
-    if why is not None and any(f"is {state}:" in why for state in ("wedged", "dead", "down")):
+    if why is not None and any(f"is {state}:" in why for state in BAD_STATES):
         yield Finding("problem", name, f"no generation: {why}", "start or fix the server")
     elif why is not None:
         yield Finding("warning", name, f"cannot check generation now: {why}")

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import click
 
 from mlx_watchdog import __version__
-from mlx_watchdog.judge.states import UNKNOWN_EXIT
+from mlx_watchdog.judge.states import UNKNOWN_EXIT, State
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,13 +49,13 @@ def escape(text: str) -> str:
 
 
 STATE_STYLE = {
-    "healthy": "bold green",
-    "slow": "bold yellow",
-    "busy": "bold yellow",
-    "starting": "bold cyan",
-    "wedged": "bold red",
-    "dead": "bold red",
-    "down": "bold red",
+    State.HEALTHY: "bold green",
+    State.SLOW: "bold yellow",
+    State.BUSY: "bold yellow",
+    State.STARTING: "bold cyan",
+    State.WEDGED: "bold red",
+    State.DEAD: "bold red",
+    State.DOWN: "bold red",
 }
 
 config_option = click.option(

@@ -21,7 +21,7 @@ from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import incident_advice
-from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
+from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
@@ -393,5 +393,5 @@ class Cycle:
             self.emit(E.BLIND, blind)
         elif blind is None and self.sight.blind_said and self.sight.verdict_mono is not None:
             self.sight.blind_said = False
-            state = self.verdict.state if self.verdict else "unknown"
+            state = self.verdict.state if self.verdict else UNKNOWN
             self.emit(E.SEEING, f"a fresh verdict again: {state}")

@@ -23,6 +23,7 @@ import httpx
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.judge.states import State
 from mlx_watchdog.record.store import Incident
 
 SERVER_EXTRA = 'pip install "mlx-watchdog[server]"'
@@ -149,7 +150,7 @@ def run_demo(
     runner.start()
     deadline = time.monotonic() + timeout
     try:
-        if not _until(lambda: _state(daemon) == "healthy", deadline):
+        if not _until(lambda: _state(daemon) == State.HEALTHY, deadline):
             return _result(daemon, None, f"the server did not serve within {timeout:g}s")
         say(
             f"{clients} clients send long unique prompts (~9k tokens each) and give up after "

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN
+
 HERE = Path(__file__).parent
 RUNBOOK = "README.md"  # the README's sections; --runbook-base points them at your copy
 
@@ -32,7 +34,6 @@ def dashboard() -> str:
     return (HERE / "dashboard.json").read_text()
 
 
-STATES = ("starting", "healthy", "slow", "busy", "wedged", "dead", "down", "unknown")
 NUMBERS = ("restarts_24h", "incidents_24h", "gave_up_24h", "budget_left")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # ANSI and OSC escapes start with these
 
@@ -60,13 +61,13 @@ def normalize(doc: object) -> dict[str, Any]:
     for s in servers[:1000]:
         if not isinstance(s, dict):
             raise Malformed("a server entry is not an object")
-        state = s.get("state") if s.get("state") in STATES else "unknown"
+        state = s.get("state") if s.get("state") in SHOWN_STATES else UNKNOWN
         code = s.get("exit_code")
         valid = isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 3
         entry: dict[str, Any] = {
             "name": clean(s.get("name", "?"), 64),
             "state": state,
-            "exit_code": code if valid and state != "unknown" else 3,
+            "exit_code": code if valid and state != UNKNOWN else 3,
             "reason": clean(s.get("reason", "")),
         }
         for key in NUMBERS:

@@ -38,6 +38,8 @@ ALERTS = frozenset(EventKind) - {EventKind.TICK_FAILED, EventKind.GAVE_UP}
 
 
 STATES: tuple[State, ...] = tuple(State)
+UNKNOWN = "unknown"  # shown when there is no fresh verdict; never a verdict itself
+SHOWN_STATES: tuple[str, ...] = (*STATES, UNKNOWN)  # what a status document's "state" may be
 SERVING_STATES = (State.HEALTHY, State.SLOW, State.BUSY)  # a balancer may route to these
 BAD_STATES = (State.WEDGED, State.DEAD, State.DOWN)  # an incident is open
 

@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from mlx_watchdog.judge.states import STATES, EventKind
+from mlx_watchdog.judge.states import SHOWN_STATES, EventKind
 from mlx_watchdog.judge.verdict import Verdict
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -137,7 +137,7 @@ class _StatusCollector(Collector):
             labels=["server", "state"],
         )
         for d in docs:
-            for s in (*STATES, "unknown"):
+            for s in SHOWN_STATES:
                 state.add_metric([d["name"], s], 1.0 if d["state"] == s else 0.0)
         yield state
         for name, key, doc in GAUGES:

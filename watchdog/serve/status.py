@@ -14,7 +14,7 @@ from typing import Any
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle import Cycle
 from mlx_watchdog.judge.budget import allowance
-from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN_EXIT
+from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN, UNKNOWN_EXIT
 from mlx_watchdog.judge.verdict import Evidence
 from mlx_watchdog.record.store import Ref, Store, row_id
 from mlx_watchdog.record.tally import DAY, Held, Tally
@@ -45,7 +45,7 @@ def describe(
         "name": server.name,
         "url": server.url,
         "manager": server.manager,
-        "state": state or "unknown",
+        "state": state or UNKNOWN,
         "reason": reason,
         "serving": serving,
         "exit_code": EXIT_CODES.get(state or "", UNKNOWN_EXIT),
