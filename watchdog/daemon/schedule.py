@@ -35,9 +35,6 @@ class Job:
         self._stopped.set()
         self._wake.set()
 
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
     def _run(self) -> None:
         while not self._stopped.is_set():
             started = time.monotonic()
