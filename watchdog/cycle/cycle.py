@@ -63,6 +63,7 @@ class Cycle:
         self.new_config: ServerConfig | None = None
         self.retired = False
         self._restart_row: Ref = None
+        self._restart_began = 0.0
 
     def load(self) -> None:
         """Take up where the history left off: an open incident, a hold, the day's numbers,
@@ -259,13 +260,12 @@ class Cycle:
                 self.refused_said = True
                 self.emit(E.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
-        started = self.clock()
         # A person's drain stays after the restart.
         drains = self.server.restart.drain and not self.draining
         drain = Drain(self.drain, self.undrain) if drains else None
-        begin = functools.partial(self._begin, trigger, reason, pid, started)
+        begin = functools.partial(self._begin, trigger, reason, pid)
         climb = ladder.climb(self.server, self.manager, self.checker, drain=drain, begin=begin)
-        done = self.clock()
+        done, started = self.clock(), self._restart_began
         self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
         self.store.finish_restart(self._restart_row, done, climb.result)
         action = climb.action(started, trigger, self.manager.kind)
@@ -276,8 +276,10 @@ class Cycle:
         self._not_restarted(climb.result, climb.outcome)
         return False
 
-    def _begin(self, trigger: str, reason: str, pid: int | None, started: float) -> None:
-        """Recorded before the manager acts: a watchdog killed mid-restart still counts it."""
+    def _begin(self, trigger: str, reason: str, pid: int | None) -> None:
+        """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
+        still counts it."""
+        started = self._restart_began = self.clock()
         self.tally.restarts_here.append(self.monotonic())
         self.tally.last_restart = LastRestart(started, trigger)
         self._restart_row = self.store.start_restart(self.server.name, started, trigger)
