@@ -220,6 +220,11 @@ def test_status_and_history_with_the_daemon_running_and_stopped(
     doc = json.loads(stopped.stdout)
     assert doc["watchdog"]["running"] is False and "not running" in doc["watchdog"]["why"]
     assert doc["servers"][0]["state"] == "healthy"  # the last recorded probe
+    # One source for the numbers: the history alone says what the running daemon said.
+    counted = ("restarts_24h", "incidents_24h", "gave_up_24h", "budget_left", "incident")
+    assert {k: doc["servers"][0][k] for k in counted} == {k: server[k] for k in counted}
+    assert doc["servers"][0]["last_restart"] == server["last_restart"]
+    assert server["last_restart"]["outcome"] == "recovered"
     human = cli(cfg, "status")
     assert human.returncode == 3 and "not running" in human.stdout
 
