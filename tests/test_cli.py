@@ -232,3 +232,33 @@ def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err  # the watchdog is not running
     assert "not running" in out and "mlx-8080" in out and "Traceback" not in err
+
+
+def test_a_measurement_across_a_replaced_server_is_not_kept(
+    bad_server: Callable[..., Running], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """calibrate and compare keep nothing when another process serves afterwards (exit 1),
+    and a measurement that fails exits with the code its command documents."""
+    from mlx_watchdog.advice.calibrate import CalibrationError
+    from mlx_watchdog.cli.app import unmoved
+    from tests.builders import watched
+
+    first = bad_server("ok")
+    server = watched(first.url)
+    assert unmoved([server], lambda say: "kept", quiet=True, failed=3, mixed="no") == "kept"
+
+    def replace(say: Callable[[str], None]) -> str:
+        first.stop()
+        bad_server("ok", port=first.port)
+        return "measured"
+
+    with pytest.raises(SystemExit) as ended:
+        unmoved([server], replace, quiet=True, failed=3, mixed="not kept")
+    assert ended.value.code == 1 and "not kept:" in capsys.readouterr().err
+
+    def fail(say: Callable[[str], None]) -> str:
+        raise CalibrationError("the server answered nothing")
+
+    with pytest.raises(SystemExit) as ended:
+        unmoved([server], fail, quiet=True, failed=3, mixed="no")
+    assert ended.value.code == 3 and "the server answered nothing" in capsys.readouterr().err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -14,10 +13,11 @@ from mlx_watchdog.cli.app import (
     err,
     escape,
     load_or_exit,
+    or_exit,
     out,
     pick_servers,
+    unmoved,
 )
-from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
     from mlx_watchdog.advice.calibrate import Advice, Calibration
@@ -105,28 +105,15 @@ def calibrate(
 
 def _measure(server: ServerConfig, sizes: list[int], *, quiet: bool) -> Calibration:
     """Run the calibration; nothing is kept when another process serves afterwards."""
-    from mlx_watchdog.advice.calibrate import (
-        CalibrationError,
-        replaced,
-        run_calibration,
-        serving_process,
-    )
+    from mlx_watchdog.advice.calibrate import run_calibration
 
-    say = (lambda _: None) if quiet else (lambda m: err.print(escape(m), style="dim"))
-    before = serving_process(server)
-    try:
-        cal = run_calibration(server, sizes, say=say)
-    except CalibrationError as exc:
-        raise click.ClickException(str(exc)) from None
-    moved = replaced(server, before)
-    if moved is not None:
-        err.print(
-            f"[yellow]not kept:[/yellow] {escape(moved)}; its timings mix two processes. "
-            "Calibrate again once it serves.",
-            soft_wrap=True,
-        )
-        sys.exit(1)
-    return cal
+    return unmoved(
+        [server],
+        lambda say: run_calibration(server, sizes, say=say),
+        quiet=quiet,
+        failed=1,
+        mixed="not kept, its timings mix two processes; calibrate again once it serves",
+    )
 
 
 def _litellm_warnings(path: Path, cfg: Config, server: ServerConfig, advice: Advice) -> None:
@@ -151,8 +138,8 @@ def _calibration_inputs(
     from mlx_watchdog.advice.calibrate import parse_tokens
 
     cfg, server = _one_server(config_path, url, server_name)
-    sizes_n = _or_exit(lambda: [parse_tokens(s, "--sizes") for s in sizes.split(",") if s.strip()])
-    limit = _or_exit(lambda: parse_tokens(max_prompt, "--max-prompt") if max_prompt else None)
+    sizes_n = or_exit(lambda: [parse_tokens(s, "--sizes") for s in sizes.split(",") if s.strip()])
+    limit = or_exit(lambda: parse_tokens(max_prompt, "--max-prompt") if max_prompt else None)
     if len(sizes_n) < 2:
         raise click.UsageError("--sizes needs at least two sizes, like 1k,4k,16k")
     return cfg, server, sizes_n, limit
@@ -165,21 +152,10 @@ def _one_server(
     if url and server_name:
         raise click.UsageError("give --url or --server, not both")
     cfg = load_or_exit(config_path)
-    servers = _or_exit(lambda: pick_servers(cfg, url, server_name))
+    servers = or_exit(lambda: pick_servers(cfg, url, server_name))
     if len(servers) != 1:
         raise click.UsageError("several servers are configured; name one with --server")
     return cfg, servers[0]
-
-
-def _or_exit(parse: Callable[[], T]) -> T:
-    """What `parse` returns; a bad value is an error naming it, exit 3."""
-    from mlx_watchdog.config import ConfigError
-
-    try:
-        return parse()
-    except (ConfigError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        sys.exit(UNKNOWN_EXIT)
 
 
 def _print_calibration(
@@ -280,9 +256,9 @@ def drill(
     from mlx_watchdog.record.left import left_probes
 
     cfg, server = _one_server(config_path, url, server_name)
-    tokens = _or_exit(lambda: parse_tokens(prompt_size, "--prompt"))
-    give_up = _or_exit(lambda: parse_duration(give_up_after, "--give-up-after"))
-    limit = _or_exit(lambda: parse_duration(max_wait, "--max-wait"))
+    tokens = or_exit(lambda: parse_tokens(prompt_size, "--prompt"))
+    give_up = or_exit(lambda: parse_duration(give_up_after, "--give-up-after"))
+    limit = or_exit(lambda: parse_duration(max_wait, "--max-wait"))
     if not yes:
         err.print(escape(plan(server, tokens, give_up)), soft_wrap=True)
         err.print("Run it again with --yes to go ahead.")

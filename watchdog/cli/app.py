@@ -6,8 +6,9 @@ rich is imported on first use: a command that prints JSON, and `--help`, never p
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -57,6 +58,9 @@ STATE_STYLE = {
     State.DEAD: "bold red",
     State.DOWN: "bold red",
 }
+
+T = TypeVar("T")
+
 
 config_option = click.option(
     "--config",
@@ -126,3 +130,42 @@ def pick_servers(config: Config, url: str | None, name: str | None) -> list[Serv
     if name:
         return [config.server(name)]
     return list(config.servers)
+
+
+def unmoved(
+    servers: Sequence[ServerConfig],
+    measure: Callable[[Callable[[str], None]], T],
+    *,
+    quiet: bool,
+    failed: int,
+    mixed: str,
+) -> T:
+    """What `measure` finds (told its progress unless `quiet`). A measurement that fails exits
+    `failed`; when another process serves one of `servers` afterwards its figures mix two
+    processes: `mixed` is said and it exits 1."""
+    from mlx_watchdog.advice.calibrate import CalibrationError, replaced, serving_process
+
+    say = (lambda _: None) if quiet else (lambda m: err.print(escape(m), style="dim"))
+    before = [serving_process(s) for s in servers]
+    try:
+        found = measure(say)
+    except CalibrationError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(failed)
+    for server, was in zip(servers, before, strict=True):
+        moved = replaced(server, was)
+        if moved is not None:
+            err.print(f"[yellow]{mixed}:[/yellow] {escape(moved)}", soft_wrap=True)
+            sys.exit(1)
+    return found
+
+
+def or_exit(parse: Callable[[], T]) -> T:
+    """What `parse` returns; a bad value is an error naming it, exit 3."""
+    from mlx_watchdog.config import ConfigError
+
+    try:
+        return parse()
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(UNKNOWN_EXIT)

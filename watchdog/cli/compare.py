@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from mlx_watchdog.cli.app import config_option, err, escape, load_or_exit, out
+from mlx_watchdog.cli.app import config_option, err, escape, load_or_exit, or_exit, out, unmoved
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
 if TYPE_CHECKING:
@@ -54,17 +54,13 @@ def compare(
     import json
 
     from mlx_watchdog.advice.calibrate import parse_tokens
-    from mlx_watchdog.config import ConfigError, parse_duration
+    from mlx_watchdog.config import parse_duration
 
     cfg = load_or_exit(config_path)
-    try:
-        tokens = parse_tokens(prompt_tokens, "--prompt-tokens")
-        seconds = parse_duration(limit, "--timeout")
-        a = _side(cfg, server_a, "a", model_a)
-        b = _side(cfg, server_b, "b", model_b)
-    except (ConfigError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        sys.exit(UNKNOWN_EXIT)
+    tokens = or_exit(lambda: parse_tokens(prompt_tokens, "--prompt-tokens"))
+    seconds = or_exit(lambda: parse_duration(limit, "--timeout"))
+    a = or_exit(lambda: _side(cfg, server_a, "a", model_a))
+    b = or_exit(lambda: _side(cfg, server_b, "b", model_b))
     if a.url == b.url:
         raise click.UsageError("SERVER_A and SERVER_B are the same server")
     _refuse_busy(cfg, a, b)
@@ -97,26 +93,15 @@ def _measure(
     a: ServerConfig, b: ServerConfig, tokens: int, seconds: float, *, quiet: bool
 ) -> Comparison:
     """Compare; nothing is shown when another process serves either side afterwards."""
-    from mlx_watchdog.advice.calibrate import CalibrationError, replaced, serving_process
     from mlx_watchdog.advice.compare import compare as run_compare
 
-    say = (lambda _: None) if quiet else (lambda m: err.print(escape(m), style="dim"))
-    before = {side.url: serving_process(side) for side in (a, b)}
-    try:
-        result = run_compare(a, b, tokens, say=say, timeout=seconds)
-    except CalibrationError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        sys.exit(UNKNOWN_EXIT)
-    for side in (a, b):
-        moved = replaced(side, before[side.url])
-        if moved is not None:
-            err.print(
-                f"[yellow]no comparison:[/yellow] {escape(moved)}; its figures mix two "
-                "processes. Compare again once both serve.",
-                soft_wrap=True,
-            )
-            sys.exit(1)
-    return result
+    return unmoved(
+        [a, b],
+        lambda say: run_compare(a, b, tokens, say=say, timeout=seconds),
+        quiet=quiet,
+        failed=UNKNOWN_EXIT,
+        mixed="no comparison, its figures mix two processes; compare again once both serve",
+    )
 
 
 def _print(result: Comparison) -> None:
