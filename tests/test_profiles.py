@@ -15,12 +15,13 @@ import pytest
 from mlx_watchdog.act.check import Checker, check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.record.left import LeftProbes
+from tests.builders import QUICK
 from tests.conftest import Running
-from tests.test_bad_answers import FAST, _post
+from tests.test_bad_answers import _post
 
 # The connected client is served (as far as the sockets tell) and the process may look idle:
 # idle_cpu_percent = 0 is what a Mac whose GPU does the work needs, so only the report can tell.
-PATIENT = replace(FAST, wedge_after=2.0, max_busy=30.0, hard_timeout=60.0, idle_cpu_percent=0.0)
+PATIENT = replace(QUICK, wedge_after=2.0, max_busy=30.0, hard_timeout=60.0, idle_cpu_percent=0.0)
 REPORTING = ["llama.cpp", "rapid-mlx", "vllm"]  # running, waiting and a progress counter
 COUNTING = ["vllm-mlx", "mlx-openai-server"]  # requests only: a leak shows, a stall does not
 
