@@ -13,6 +13,7 @@ from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.judge.verdict import Evidence
+from mlx_watchdog.sense.findings import Prefill
 from tests.builders import REAL, watched
 from tests.conftest import Running, StartServer, free_port, mlx_watchdog
 
@@ -98,3 +99,23 @@ def test_empty_models_body_is_its_own_finding(
 def test_connection_refused_is_down() -> None:
     code, doc = cli("probe", "--url", f"http://127.0.0.1:{free_port()}", "--json")
     assert (code, doc["state"]) == (2, "down")
+
+
+def test_the_servers_log_tells_the_prefill_a_departed_client_left(batched_server: Running) -> None:
+    """mlx_lm.server logs each prefill step, for a client that left too: read from its log."""
+    from mlx_watchdog.sense.progress import LogProgress
+    from tests.conftest import until
+
+    reader = LogProgress(batched_server.log)
+    before = reader.read()  # from here on, only what the server writes next
+    assert send(batched_server.url, long_prompt(4242, words=9000), timeout=1.0) == "gave up"
+
+    def new_prefill() -> object:
+        said = reader.read()
+        return said if said is not None and said != before and said.done >= 2048 else None
+
+    said = until(new_prefill, 120, "a prefill step in the server's log")
+    assert isinstance(said, Prefill) and reader.problem is None
+    assert said.total > 9000 and 0 < said.done <= said.total  # ~3 tokens a word
+    assert 0 <= said.age_s < 120
+    assert said.describe().startswith("prefill")

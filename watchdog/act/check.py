@@ -18,6 +18,7 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
+from mlx_watchdog.sense.progress import LogProgress
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
@@ -59,6 +60,7 @@ class Checker:
         self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
         self.own = OwnConnections(server.probe.hard_timeout, clock)
         self.load = LoadReader(server, clock=clock, own=self.own)
+        self.progress = LogProgress(server.log_file, wall=wall)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
@@ -95,6 +97,8 @@ class Checker:
         self.inspector.server = server
         self.load.server = server
         self.own.keep = server.probe.hard_timeout
+        if server.log_file != self.progress.path:
+            self.progress = LogProgress(server.log_file, wall=self.progress.wall)
         if moved:
             self.load.forget()
 
@@ -141,8 +145,17 @@ class Checker:
         if fresh_since is not None and snap.started_at < fresh_since:
             snap = replace(snap, started_at=fresh_since)
             self.leak_since = None
+        prefill = self.progress.read()
         return Observation(
-            snap, process, self.models, load, self.leak_since, self.loading_since, fans_out
+            snap,
+            process,
+            self.models,
+            load,
+            self.leak_since,
+            self.loading_since,
+            fans_out,
+            prefill,
+            self.progress.problem,
         )
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:

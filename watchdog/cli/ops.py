@@ -101,6 +101,8 @@ def _status_view(doc: dict[str, Any]) -> Group:
         )
         if s.get("needs_person"):
             notes.append(f"  [bold red]a person is needed:[/] {escape(s['needs_person'])}")
+        if s.get("progress_problem"):
+            notes.append(f"  [yellow]server log:[/] {escape(s['progress_problem'])}")
     w = doc["watchdog"]
     head = (
         f"[green]watchdog running[/green] (PID {w['pid']}, every {w['interval_s']:g}s)"

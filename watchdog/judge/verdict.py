@@ -14,6 +14,7 @@ from mlx_watchdog.sense.findings import (
     OK,
     LoadReport,
     ModelsCheck,
+    Prefill,
     ProbeFinding,
     ProbeSnapshot,
     ProcessEvidence,
@@ -29,6 +30,8 @@ class Observation:
     leak_since: float | None = None  # since when every look showed requests with no client
     loading_since: float | None = None  # since when every probe got "loading" (no process seen)
     fans_out: bool = False  # the server counts each of a request's n choices as a request
+    prefill: Prefill | None = None  # the prefill the server's log tells of
+    progress_problem: str | None = None  # why the server's log could not be read
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,13 @@ def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | No
     state, reason = _rule(obs, settings, now)
     if state is None:
         return None
+    said = obs.prefill
+    if said is not None and state in PREFILL_SHOWN and not said.finished:
+        reason += f"; the server's log: {said.describe()}"
     return Verdict(state, f"{state}: {reason}", evidence(obs, now))
+
+
+PREFILL_SHOWN = (State.BUSY, State.WEDGED, State.SLOW)  # states where a prefill explains
 
 
 Judged = tuple[State | None, str]  # None: nothing to say yet (or about the server)
@@ -240,6 +249,14 @@ class Evidence:
     server_waiting: int | None = None
     server_progress_still_s: float | None = None  # its progress counter has not moved for
     health_status: int | None = None
+    # The prefill the server's own log tells of (mlx_lm.server), and why it could not be read.
+    server_prefill: str | None = None
+    prefill_done: int | None = None
+    prefill_total: int | None = None
+    prefill_rate_tps: float | None = None
+    prefill_left_s: float | None = None
+    prefill_age_s: float | None = None
+    progress_problem: str | None = None
 
     def brief(self) -> dict[str, object]:
         """What an alert about this evidence carries."""
@@ -292,7 +309,22 @@ def evidence(obs: Observation, now: float) -> Evidence:
         server_waiting=load.waiting if load else None,
         server_progress_still_s=_r(load.stalled()) if load else None,
         health_status=load.health_status if load else None,
+        **_prefill(obs.prefill, obs.progress_problem),
     )
+
+
+def _prefill(said: Prefill | None, problem: str | None) -> dict[str, Any]:
+    if said is None:
+        return {"progress_problem": problem}
+    return {
+        "server_prefill": said.describe(),
+        "prefill_done": said.done,
+        "prefill_total": said.total,
+        "prefill_rate_tps": said.rate_tps,
+        "prefill_left_s": _r(said.left_s),
+        "prefill_age_s": said.age_s,
+        "progress_problem": problem,
+    }
 
 
 def leaked_requests(

@@ -55,6 +55,36 @@ class ProcessEvidence:
         return max(ages) if ages else None
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """A prefill the server says it is doing (its own log): `done` of `total` prompt tokens."""
+
+    done: int
+    total: int
+    rate_tps: float | None  # over this prefill's logged steps; None after one step
+    age_s: float  # since its last logged step
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    @property
+    def left_s(self) -> float | None:
+        """The seconds its rate says the rest takes."""
+        if self.finished:
+            return 0.0
+        return None if not self.rate_tps else (self.total - self.done) / self.rate_tps
+
+    def describe(self) -> str:
+        if self.finished:
+            text = f"prefilled {self.total:,} prompt tokens"
+        else:
+            text = f"prefilling {self.done:,}/{self.total:,} prompt tokens"
+            if self.rate_tps:
+                text += f" at {self.rate_tps:,.0f} tok/s, about {self.left_s:,.0f} s left"
+        return f"{text} (its last step {self.age_s:,.0f} s ago)"
+
+
 class ProbeFinding(StrEnum):
     """How a probe ended. OK served a token; the rest name what was wrong."""
 

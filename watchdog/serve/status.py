@@ -71,6 +71,8 @@ def describe(
         "live_connections": e.live_connections,
         "kind": server.kind,
         "server_report": e.server_report,
+        "server_prefill": e.server_prefill,  # what its log says of the prefill it does
+        "progress_problem": e.progress_problem,
         "server_running": e.server_running,
         "server_waiting": e.server_waiting,
         "incident": held.incident,

@@ -1,0 +1,130 @@
+"""The server's own progress, read from its log: incrementally, bounded, through rotation."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mlx_watchdog.judge.verdict import Observation, judge
+from mlx_watchdog.sense import progress as progress_module
+from mlx_watchdog.sense.findings import Prefill, ProbeSnapshot, ProcessEvidence
+from mlx_watchdog.sense.progress import LogProgress
+from tests.builders import QUICK
+
+T0 = time.mktime(time.strptime("2026-12-03 19:34:40", "%Y-%m-%d %H:%M:%S"))
+
+
+def line(at: float, done: int, total: int) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    return (
+        f"{stamp},{int(at * 1000) % 1000:03d} - INFO - Prompt processing progress: {done}/{total}\n"
+    )
+
+
+def test_a_prefill_is_read_as_it_is_written_with_its_rate(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("2026-12-03 19:34:39,000 - INFO - Starting httpd at 127.0.0.1 on port 8080\n")
+    reader = LogProgress(log, wall=lambda: T0 + 10.0)
+    assert reader.read() is None and reader.problem is None
+    with log.open("a") as fh:
+        fh.write(line(T0, 2048, 12036) + line(T0 + 4.0, 4096, 12036))
+        fh.write(line(T0 + 8.0, 6144, 12036)[:30])  # a line still being written
+    said = reader.read()
+    assert said == Prefill(done=4096, total=12036, rate_tps=512.0, age_s=6.0)
+    with log.open("a") as fh:
+        fh.write(line(T0 + 8.0, 6144, 12036)[30:])
+    said = reader.read()
+    assert said is not None and (said.done, said.rate_tps, said.age_s) == (6144, 512.0, 2.0)
+    assert said.describe() == (
+        "prefilling 6,144/12,036 prompt tokens at 512 tok/s, about 12 s left "
+        "(its last step 2 s ago)"
+    )
+
+
+def test_another_request_starts_a_new_prefill_and_a_finished_one_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(line(T0, 2048, 4096) + line(T0 + 1, 4096, 4096))
+    reader = LogProgress(log, wall=lambda: T0 + 2)
+    said = reader.read()
+    assert said is not None and said.finished and said.left_s == 0.0
+    with log.open("a") as fh:
+        fh.write(line(T0 + 2, 2048, 40000))
+    said = reader.read()
+    assert said is not None and (said.done, said.total, said.rate_tps) == (2048, 40000, None)
+    assert said.left_s is None and "about" not in said.describe()
+
+
+def test_a_rotated_or_truncated_log_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(line(T0, 2048, 9000) * 50)
+    reader = LogProgress(log, wall=lambda: T0)
+    assert reader.read() is not None
+    log.rename(tmp_path / "server.log.1")
+    log.write_text(line(T0 + 5, 1024, 3000))
+    said = reader.read()
+    assert said is not None and (said.done, said.total) == (1024, 3000)
+    log.write_text(line(T0 + 6, 512, 700))  # truncated in place, shorter than before
+    said = reader.read()
+    assert said is not None and (said.done, said.total) == (512, 700)
+
+
+def test_a_log_that_grew_a_lot_is_read_from_its_last_bytes_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress_module, "READ_MAX", 4096)
+    log = tmp_path / "server.log"
+    log.write_text("")
+    reader = LogProgress(log, wall=lambda: T0)
+    reader.read()
+    with log.open("a") as fh:
+        fh.write("x" * 100_000 + "\n")  # one huge line the reader never holds whole
+        fh.write(line(T0, 100, 200))
+    said = reader.read()
+    assert said is not None and (said.done, said.total) == (100, 200)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-12-03 19:34:43,194 - INFO - Prompt processing progress: 9/3\n",  # done > total
+        "2026-12-03 19:34:43,194 - INFO - Prompt processing progress: 1/0\n",
+        "2026-13-45 19:34:43,194 - INFO - Prompt processing progress: 1/2\n",  # no such date
+        "2026-12-03 19:34:43,194 - INFO - Prompt processing progress: 1/99999999999\n",
+        "\x00\xff garbage - INFO - Prompt processing progress: 1/2\n",
+        "2026-12-03 19:34:43,194 - INFO - Prompt processing progress: -1/2\n",
+    ],
+)
+def test_lines_that_are_not_a_progress_step_are_not_believed(tmp_path: Path, text: str) -> None:
+    log = tmp_path / "server.log"
+    log.write_bytes(text.encode("latin-1"))
+    assert LogProgress(log).read() is None
+
+
+def test_a_missing_or_unreadable_log_is_a_finding(tmp_path: Path) -> None:
+    reader = LogProgress(tmp_path / "none.log")
+    assert reader.read() is None and reader.problem is not None
+    assert "cannot read the server's log" in reader.problem and "none.log" in reader.problem
+    (tmp_path / "dir.log").mkdir()
+    reader = LogProgress(tmp_path / "dir.log")
+    assert reader.read() is None and reader.problem is not None
+    assert LogProgress(None).read() is None
+
+
+def test_the_verdict_tells_the_prefill_the_server_logs() -> None:
+    probe = ProbeSnapshot(started_at=0.0)
+    busy = ProcessEvidence(pid=os.getpid(), create_time=-100.0, abandoned=0, live=1)
+    said = Prefill(done=23040, total=43118, rate_tps=312.0, age_s=1.0)
+    v = judge(Observation(probe, busy, prefill=said), QUICK, 1.2)
+    assert v is not None and v.state == "busy"
+    assert v.reason.endswith(
+        "the server's log: prefilling 23,040/43,118 prompt tokens at 312 tok/s, "
+        "about 64 s left (its last step 1 s ago)"
+    )
+    assert (v.evidence.prefill_done, v.evidence.prefill_total) == (23040, 43118)
+    assert v.evidence.prefill_left_s == pytest.approx(64.4, abs=0.1)
+    missing = judge(Observation(probe, busy, progress_problem="no log"), QUICK, 1.2)
+    assert missing is not None and missing.evidence.progress_problem == "no log"
+    assert "the server's log" not in missing.reason

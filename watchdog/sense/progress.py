@@ -1,0 +1,113 @@
+"""The server's own account of the prefill it is doing, read from its log.
+
+mlx_lm.server (0.32.2, `server.py`'s keepalive callback) logs a line each prefill step of a
+request, for a client that left too:
+
+    2026-12-03 19:34:43,194 - INFO - Prompt processing progress: 2048/12036
+
+The log is read incrementally from where the last look stopped, at most READ_MAX bytes a look
+(a log that grew more is skipped ahead to its last READ_MAX); a rotated or truncated log is read
+from its start. With `--draft-model` mlx-lm logs no such lines (speculative decoding drops the
+progress callback), and then there is no progress to read, which is said, never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlx_watchdog.sense.findings import Prefill
+
+READ_MAX = 1 << 20  # bytes a look reads at most
+LINE = re.compile(
+    rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
+    rb"Prompt processing progress: (\d{1,9})/(\d{1,9})\s*$"
+)
+
+
+@dataclass(frozen=True)
+class _Step:
+    at: float  # wall time the server logged it
+    done: int
+    total: int
+
+
+class LogProgress:
+    """Reads one server's log for its prefill progress. `wall` is the wall clock: the log's
+    time stamps are the server's local time."""
+
+    def __init__(self, path: Path | None, *, wall: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.wall = wall
+        self.problem: str | None = None  # why the log could not be read (a finding)
+        self._offset: int | None = None  # None: not read yet (start near its end)
+        self._inode: int | None = None
+        self._steps: list[_Step] = []  # the prefill in the log's last lines
+
+    def read(self) -> Prefill | None:
+        """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
+        if self.path is None:
+            return None
+        try:
+            chunk = self._new_bytes(self.path)
+        except OSError as exc:
+            self.problem = f"cannot read the server's log {self.path}: {exc.strerror or exc}"
+            return None
+        self.problem = None
+        for line in chunk.split(b"\n"):
+            step = _step(line)
+            if step is not None:
+                self._add(step)
+        return self._prefill()
+
+    def _new_bytes(self, path: Path) -> bytes:
+        with path.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
+                # First look, a rotated log or a truncated one: from near its end, or its start.
+                start = max(0, st.st_size - READ_MAX) if self._offset is None else 0
+                self._inode, self._steps = st.st_ino, []
+            else:
+                start = max(self._offset, st.st_size - READ_MAX)
+            fh.seek(start)
+            data = fh.read(min(READ_MAX, st.st_size - start))
+        whole = data.rfind(b"\n") + 1  # a line still being written waits for the next look
+        self._offset = start + whole
+        return data[:whole]
+
+    def _add(self, step: _Step) -> None:
+        last = self._steps[-1] if self._steps else None
+        if last is None or step.total != last.total or step.done < last.done:
+            self._steps = []  # another request's prefill
+        self._steps = [*self._steps[-63:], step]
+
+    def _prefill(self) -> Prefill | None:
+        if not self._steps:
+            return None
+        first, last = self._steps[0], self._steps[-1]
+        span = last.at - first.at
+        rate = (last.done - first.done) / span if span > 0 and last.done > first.done else None
+        return Prefill(
+            done=last.done,
+            total=last.total,
+            rate_tps=None if rate is None else round(rate, 1),
+            age_s=round(max(0.0, self.wall() - last.at), 1),
+        )
+
+
+def _step(line: bytes) -> _Step | None:
+    m = LINE.match(line.rstrip(b"\r"))
+    if m is None:
+        return None
+    try:
+        at = time.mktime(time.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+    done, total = int(m.group(3)), int(m.group(4))
+    if total <= 0 or done > total:
+        return None
+    return _Step(at + int(m.group(2)) / 1000, done, total)
