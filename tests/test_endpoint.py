@@ -530,3 +530,43 @@ def test_a_persons_restart_never_repeats_the_watchdogs_and_reports_how_it_ended(
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+class BigMetrics:
+    """A backend whose /metrics takes a while to send (2 MB): a client can leave mid-answer."""
+
+    def status(self) -> dict[str, object]:
+        return {"watchdog": {}, "servers": []}
+
+    def prometheus(self) -> tuple[bytes, str]:
+        return b"# a long exposition\n" * 100_000, "text/plain"
+
+    def act(self, name: str, action: str) -> str:
+        raise KeyError(name)
+
+
+def test_clients_that_go_away_mid_answer_leave_no_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A load balancer's timeout or Ctrl-C on curl is routine: no traceback per disconnect
+    (there were 12 for 12), and the endpoint answers the next client."""
+    import socket
+    import struct
+
+    from mlx_watchdog.serve.endpoint import start
+
+    server, _ = start(BigMetrics(), "127.0.0.1", 0, "t", ())
+    port = server.server_address[1]
+    try:
+        for _ in range(12):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.recv(10)  # the answer has begun
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # a reset, not a polite close
+        time.sleep(0.5)
+        assert httpx.get(f"http://127.0.0.1:{port}/status", timeout=10).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in capfd.readouterr().err

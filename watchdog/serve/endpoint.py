@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -223,6 +224,15 @@ class _Server(http.server.ThreadingHTTPServer):
         super().__init__(*args, **kwargs)
         self._open: dict[socket.socket, tuple[float, bool]] = {}  # since, idle
         self._guard = threading.Condition()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that goes away mid-answer is routine (a load balancer's timeout, Ctrl-C on
+        curl): one debug line, not socketserver's traceback on stderr each time."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("a client of the endpoint went away: %s", exc)
+            return
+        log.error("the endpoint failed on a request", exc_info=exc)
 
     def mark(self, sock: socket.socket, idle: bool) -> None:
         with self._guard:
