@@ -71,7 +71,7 @@ ROWS = [
     # id, probe, process, models, seconds since the probe started, state, words in the reason
     ("token fast", token(0.05), proc(), MODELS_OK, 0.1, "healthy", "first token in 50 ms"),
     ("token slow", token(12), proc(), MODELS_OK, 12, "slow", "first token after 12.0 s"),
-    ("token, models empty", token(0.05), proc(), MODELS_EMPTY, 0.1, "healthy", "empty_body"),
+    ("token, models empty", token(0.05), proc(), MODELS_EMPTY, 0.1, "healthy", "in 50 ms"),
     ("refused", finished("refused"), UNKNOWN, None, 0.1, "down", "nothing is listening"),
     ("refused, young pid", finished("refused"), proc(age=5), None, 0.1, "starting", "PID 42"),
     ("html", finished("html_error", "HTTP 502"), proc(), MODELS_OK, 0.1, "dead", "HTML page"),
@@ -273,3 +273,12 @@ def test_a_server_that_counts_each_choice_is_not_leaking_while_a_client_is_live(
     leaking = replace(obs, fans_out=False)
     v = judge(leaking, S, T0 + 61)
     assert v is not None and v.state == "wedged" and "no client" in v.reason
+
+
+def test_an_empty_models_body_is_evidence_not_a_note_on_every_healthy_line() -> None:
+    v = judge(Observation(token(0.05), proc(), MODELS_EMPTY), S, T0 + 0.1)
+    assert v is not None and v.state == "healthy" and "/v1/models" not in v.reason
+    assert v.evidence.models_finding == "empty_body"
+    other = ModelsCheck(200, False, "invalid_json", "no data list", (), 0.01)
+    said = judge(Observation(token(0.05), proc(), other), S, T0 + 0.1)
+    assert said is not None and "but /v1/models: invalid_json" in said.reason

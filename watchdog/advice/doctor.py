@@ -23,7 +23,9 @@ from mlx_watchdog.record.left import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.sense.evidence import is_local_host
+from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 from mlx_watchdog.sense.load import LoadReader
+from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
@@ -121,6 +123,11 @@ def _generation(name: str, server: ServerConfig, why: str | None) -> Iterator[Fi
             yield Finding("problem", name, f"a generation failed: {second.finding}")
         else:
             yield Finding("ok", name, f"serves: first token in {second.ttft or 0:.2f} s")
+            models = check_models(server)
+            if models.finding == "empty_body":
+                yield Finding(
+                    "note", name, "/v1/models answers 200 with an empty body", EMPTY_MODELS_FIX
+                )
             computed = (second.prompt_tokens or 0) - (second.cached_tokens or 0)
             if second.cached_tokens is None:
                 yield Finding(

@@ -18,6 +18,7 @@ from mlx_watchdog.cli.app import (
     out,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
+from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -101,6 +102,11 @@ def _status_view(doc: dict[str, Any]) -> Group:
         )
         if s.get("needs_person"):
             notes.append(f"  [bold red]a person is needed:[/] {escape(s['needs_person'])}")
+        if s.get("models_finding") == "empty_body":
+            notes.append(
+                "  [yellow]/v1/models answers 200 with an empty body:[/] "
+                + escape(EMPTY_MODELS_FIX)
+            )
         if s.get("progress_problem"):
             notes.append(f"  [yellow]server log:[/] {escape(s['progress_problem'])}")
     w = doc["watchdog"]

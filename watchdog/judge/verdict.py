@@ -352,7 +352,9 @@ def _loading(load: LoadReport) -> bool:
 
 
 def _models_note(models: ModelsCheck | None) -> str:
-    if models is None or models.ok:
+    # An empty body is mlx_lm.server's missing cache folder: harmless to serving, said once by
+    # `status` and `doctor` with its fix, not on every healthy line.
+    if models is None or models.ok or models.finding == "empty_body":
         return ""
     return f"; but /v1/models: {models.finding} ({models.detail})"
 

@@ -12,6 +12,12 @@ Clock = Callable[[], float]
 Address = tuple[str, int]
 
 REPORT_TIMEOUT = 5.0  # a load report or health route read, at most
+# mlx_lm.server answers /v1/models with headers and no body when the Hugging Face cache folder
+# it scans is missing (huggingface_hub's scan_cache_dir raises after the 200 is sent).
+EMPTY_MODELS_FIX = (
+    "create the Hugging Face cache folder the server reads (mkdir -p ~/.cache/huggingface/hub), "
+    "or point HF_HUB_CACHE in its environment at one that exists"
+)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import InMemory
 from mlx_watchdog.sense.answer import excerpt
 from mlx_watchdog.sense.bounded import BadJson, TooLarge, get, load_json
-from mlx_watchdog.sense.findings import Clock, ModelsCheck
+from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX, Clock, ModelsCheck
 from mlx_watchdog.sense.request import MAX_BODY, auth_headers, refused, tls
 
 
@@ -61,7 +61,8 @@ def check_models(
         return done(
             status,
             "empty_body",
-            "200 with an empty body (a missing Hugging Face cache folder does this)",
+            "200 with an empty body (a missing Hugging Face cache folder does this): "
+            + EMPTY_MODELS_FIX,
         )
     try:
         data = load_json(body)

@@ -70,6 +70,7 @@ def describe(
         "abandoned_connections": e.abandoned_connections,
         "live_connections": e.live_connections,
         "kind": server.kind,
+        "models_finding": e.models_finding,
         "server_report": e.server_report,
         "server_prefill": e.server_prefill,  # what its log says of the prefill it does
         "progress_problem": e.progress_problem,
