@@ -14,6 +14,10 @@ from mlx_watchdog.sense.bounded import BadJson, TooLarge, get, load_json
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX, Clock, ModelsCheck
 from mlx_watchdog.sense.request import MAX_BODY, auth_headers, refused, tls
 
+EMPTY_BODY = (
+    f"200 with an empty body (a missing Hugging Face cache folder does this): {EMPTY_MODELS_FIX}"
+)
+
 
 def check_models(
     server: ServerConfig,
@@ -58,12 +62,7 @@ def check_models(
     if status != 200:
         return done(status, "http_error", f"HTTP {status}: {excerpt(body)}")
     if not body.strip():
-        return done(
-            status,
-            "empty_body",
-            "200 with an empty body (a missing Hugging Face cache folder does this): "
-            + EMPTY_MODELS_FIX,
-        )
+        return done(status, "empty_body", EMPTY_BODY)
     try:
         data = load_json(body)
     except BadJson as exc:
