@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlx_watchdog.config import to_toml  # noqa: E402
-from tests.builders import badserver_argv, watchdog_config  # noqa: E402
+from tests.builders import badserver_argv, command_server, watchdog_config  # noqa: E402
 from tests.conftest import RESTART_BAD, TESTS, free_port, listens  # noqa: E402
 
 PROBE = {"slow_after": "300ms", "wedge_after": "1s", "max_busy": "2s", "startup_grace": "5s"}
@@ -88,15 +88,7 @@ class Run:
         return int(self.pidfile.read_text())
 
     def config(self, *, delay: float = 0.0, **server: object) -> None:
-        entry: dict[str, object] = {
-            "name": "bad",
-            "url": self.url,
-            "manager": "command",
-            "match": "badserver",
-            "restart_command": [*RESTART_BAD, str(self.pidfile), str(self.port), "ok", str(delay)],
-            "probe": PROBE,
-            "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
-        }
+        entry = command_server(self.url, self.pidfile, self.port, delay=delay, probe=PROBE)
         entry.update(server)
         self.cfg.write_text(to_toml(watchdog_config(self.state, [entry], on_event=self.hook)))
 

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from mlx_watchdog.config import parse_config  # noqa: E402
 from mlx_watchdog.daemon import Daemon  # noqa: E402
-from tests.builders import QUICK_TOML, watchdog_config  # noqa: E402
-from tests.conftest import RESTART_BAD, BadByPidfile  # noqa: E402
+from tests.builders import command_server, watchdog_config  # noqa: E402
+from tests.conftest import BadByPidfile  # noqa: E402
 
 LAYERS = [
     "cli",
@@ -53,14 +53,7 @@ def main() -> None:
         folder = Path(tmp)
         bad = BadByPidfile(folder, "hang")
         try:
-            server = {
-                "name": "bad",
-                "url": bad.url,
-                "manager": "command",
-                "match": "badserver",
-                "restart_command": [*RESTART_BAD, str(bad.pidfile), str(bad.port), "ok", "0"],
-                "probe": QUICK_TOML,
-            }
+            server = command_server(bad.url, bad.pidfile, bad.port)
             daemon = Daemon(parse_config(watchdog_config(folder / "state", [server])))
             moves: list[tuple[str, str]] = []
 

@@ -71,3 +71,20 @@ def badserver_argv(port: int, mode: str = "ok", *extra: str) -> list[str]:
     """The command line of a misbehaving server of our own (tests/badserver.py)."""
     script = Path(__file__).parent / "badserver.py"
     return [sys.executable, str(script), "--port", str(port), "--mode", mode, *extra]
+
+
+def command_server(
+    url: str, pidfile: Path, port: int, *, delay: float = 0.0, probe: dict[str, str] = QUICK_TOML
+) -> dict[str, Any]:
+    """A misbehaving server restarted through the `command` manager: tests/fakes/restart_bad.py
+    starts a fresh one that serves ("ok") after `delay` seconds."""
+    restart = [sys.executable, str(Path(__file__).parent / "fakes" / "restart_bad.py")]
+    return {
+        "name": "bad",
+        "url": url,
+        "manager": "command",
+        "match": "badserver",
+        "restart_command": [*restart, str(pidfile), str(port), "ok", str(delay)],
+        "probe": probe,
+        "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
+    }

@@ -18,9 +18,8 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.record.store import Store
-from tests.builders import QUICK_TOML, badserver_argv, watchdog_config
+from tests.builders import QUICK_TOML, badserver_argv, command_server, watchdog_config
 from tests.conftest import (
-    RESTART_BAD,
     BadByPidfile,
     DaemonThread,
     Receiver,
@@ -39,15 +38,7 @@ def command_config(
     alerts: list[str] | None = None,
     hook: list[str] | None = None,
 ) -> dict[str, object]:
-    server = {
-        "name": "bad",
-        "url": bad.url,
-        "manager": "command",
-        "match": "badserver",
-        "restart_command": [*RESTART_BAD, str(bad.pidfile), str(bad.port), "ok", str(delay)],
-        "probe": QUICK_TOML,
-        "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
-    }
+    server = command_server(bad.url, bad.pidfile, bad.port, delay=delay)
     return watchdog_config(tmp_path / "state", [server], alerts=alerts or [], on_event=hook or [])
 
 

@@ -110,6 +110,13 @@ def test_a_missing_or_unreadable_log_is_a_finding(tmp_path: Path) -> None:
     (tmp_path / "dir.log").mkdir()
     reader = LogProgress(tmp_path / "dir.log")
     assert reader.read() is None and reader.problem is not None
+    os.mkfifo(tmp_path / "fifo.log")  # a reader that opened it blocking would wait forever
+    reader = LogProgress(tmp_path / "fifo.log")
+    assert reader.read() is None and "not a regular file" in (reader.problem or "")
+    (tmp_path / "real.log").write_text(line(T0, 1, 2))
+    (tmp_path / "link.log").symlink_to(tmp_path / "real.log")  # a link to a log is read
+    said = LogProgress(tmp_path / "link.log", wall=lambda: T0).read()
+    assert said is not None and said.total == 2
     assert LogProgress(None).read() is None
 
 

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from mlx_watchdog.act.check import Checker
-from mlx_watchdog.act.ladder import Drain, Ladder
+from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
@@ -21,12 +21,13 @@ from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import incident_advice
+from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
-from mlx_watchdog.record.tally import LastRestart, Tally
+from mlx_watchdog.record.tally import Tally
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -253,7 +254,7 @@ class Cycle:
             return False
         if not manual and not self._budget_allows(self.clock()):
             return False
-        ladder: Ladder = self.crew.ladder
+        ladder = self.crew.ladder
         pid, problem = ladder.identity(self.server, self.manager)
         if problem is not None:
             if manual or not self.refused_said:
@@ -350,10 +351,9 @@ class Cycle:
         self.requests.append(action)
 
     def _no_second_restart(self, interval: float) -> None:
-        last = self.tally.last_restart
         why = budget.repeat_restart(
             self.server.name,
-            None if last is None else (last.at, last.trigger, last.outcome, last.finished_at),
+            self.tally.last_restart,
             queued="restart" in self.requests,
             running=self.restarting,
             now=self.clock(),

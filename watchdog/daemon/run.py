@@ -384,11 +384,8 @@ class Daemon:
 
     def _settle(self, timeout: float) -> bool:
         """Wait for the running jobs to end; False when some are still running."""
-        deadline = time.monotonic() + timeout
         with self._active_cv:
-            while self._active and time.monotonic() < deadline:
-                self._active_cv.wait(deadline - time.monotonic())
-            return not self._active
+            return self._active_cv.wait_for(lambda: not self._active, timeout)
 
 
 def _runs(server: ServerConfig) -> tuple[object, ...]:

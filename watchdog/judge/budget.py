@@ -9,6 +9,16 @@ from mlx_watchdog.config import RestartSettings
 
 
 @dataclass(frozen=True)
+class LastRestart:
+    """The last restart as people see it; `outcome` None while it runs."""
+
+    at: float
+    trigger: str
+    outcome: str | None = None  # recovered, failed, interrupted
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True)
 class Allowance:
     allowed: bool
     spent: bool  # the window's restarts are used up: a person is needed
@@ -40,20 +50,19 @@ RECENT_RESTART = 10.0  # a person's restart this soon after one that worked is a
 
 def repeat_restart(
     name: str,
-    last: tuple[float, str, str | None, float | None] | None,
+    last: LastRestart | None,
     *,
     queued: bool,
     running: bool,
     now: float,
     interval: float,
 ) -> str | None:
-    """Why a person's restart now would be a second restart for one cause (None: it is not).
-    `last`: the last restart's (at, trigger, outcome, finished_at)."""
+    """Why a person's restart now would be a second restart for one cause (None: it is not)."""
     if queued:
         return f"a restart of {name} is already asked for"
     if last is None:
         return None
-    at, trigger, outcome, finished_at = last
+    at, trigger, outcome, finished_at = last.at, last.trigger, last.outcome, last.finished_at
     if running:
         return (
             f"{name} is being restarted already ({trigger}, begun "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -74,11 +73,8 @@ class Behind:
 
     def flush(self, timeout: float) -> bool:
         """Wait until the queued writes are done; False when some still wait."""
-        deadline = time.monotonic() + timeout
         with self._queued:
-            while self._queue and time.monotonic() < deadline:
-                self._queued.wait(deadline - time.monotonic())
-            return not self._queue
+            return self._queued.wait_for(lambda: not self._queue, timeout)
 
     def close(self) -> None:
         if not self.flush(FLUSH_TIMEOUT):

@@ -13,21 +13,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.record.store import Store
 
 TTFT_WINDOW = 3600.0
 DAY = 86400.0
-
-
-@dataclass(frozen=True)
-class LastRestart:
-    """The last restart as people see it; `outcome` None while it runs."""
-
-    at: float
-    trigger: str
-    outcome: str | None = None  # recovered, failed, interrupted
-    finished_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ progress callback), and then there is no progress to read, which is said, never 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,8 +67,12 @@ class LogProgress:
         return self._prefill()
 
     def _new_bytes(self, path: Path) -> bytes:
-        with path.open("rb") as fh:
+        # Non-blocking: a FIFO put where the log was must not hang the tick on its open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
                 # First look, a rotated log or a truncated one: from near its end, or its start.
                 start = max(0, st.st_size - READ_MAX) if self._offset is None else 0

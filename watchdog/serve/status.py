@@ -19,8 +19,6 @@ from mlx_watchdog.judge.verdict import Evidence
 from mlx_watchdog.record.store import Ref, Store, row_id
 from mlx_watchdog.record.tally import DAY, Held, Tally
 
-RESTART_WINDOW = DAY
-
 
 def describe(
     server: ServerConfig,
@@ -60,7 +58,7 @@ def describe(
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "ttft_p95_s": ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
         "ttft_samples": len(ttfts),
-        "restarts_24h": sum(1 for r in held.restarts if r >= now - RESTART_WINDOW),
+        "restarts_24h": sum(1 for r in held.restarts if r >= now - DAY),
         "incidents_24h": held.incidents_24h,
         "gave_up_24h": held.gave_up_24h,
         "budget_left": budget.left,
