@@ -196,3 +196,19 @@ def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
         assert run.returncode in (0, 3), (args, run.stderr)
     (incident,) = _json.loads(mlx_watchdog("history", "--json", "--config", str(cfg)).stdout)
     assert incident["actions"] == [] and incident["evidence"] == {}
+
+
+def test_gave_up_counts_edited_by_hand_do_not_stop_the_numbers(tmp_path: Path) -> None:
+    """The day's numbers are read from the history at start and by `status`: a count that is
+    not one (text, a float, negative, a bool) counts 0 instead of raising."""
+    from mlx_watchdog.config import ServerConfig
+    from mlx_watchdog.record.tally import Tally
+
+    store = Store(tmp_path / "h.db")
+    for count in ("many", 2.5, -3, True, None, 4):
+        store.add_event("s", 100.0, "gave_up", "clients left", {"count": count})
+    server = ServerConfig(name="s", url="http://127.0.0.1:1")
+    tally = Tally.load(store, server, 200.0)
+    held = tally.held(server, 200.0, 200.0, incident=None, needs_person=None)
+    assert held.gave_up_24h == 4
+    store.close()

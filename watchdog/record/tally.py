@@ -64,7 +64,7 @@ class Tally:
                 i.opened_at for i in store.incidents(now - DAY, name) if i.opened_at >= now - DAY
             ),
             gave_up=deque(
-                (e.at, int(e.data.get("count", 0)))
+                (e.at, _count(e.data.get("count")))
                 for e in store.events(name, since=now - DAY, kind=EventKind.GAVE_UP)
             ),
             restarts_before=[r.at for r in restarts],
@@ -106,3 +106,8 @@ class Tally:
             incidents_24h=len([at for at in list(self.opened) if at >= now - DAY]),
             gave_up_24h=sum(n for at, n in list(self.gave_up) if at >= now - DAY),
         )
+
+
+def _count(value: object) -> int:
+    """A count as this watchdog writes it; anything else (a row edited by hand) counts 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
