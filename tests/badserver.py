@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import socket
 import socketserver
@@ -47,6 +48,7 @@ def head(status: int, ctype: str, reason: str = "OK") -> bytes:
 
 class Handler(socketserver.BaseRequestHandler):
     server: Server
+    body = b""
 
     def handle(self) -> None:
         sock: socket.socket = self.request
@@ -99,6 +101,7 @@ class Handler(socketserver.BaseRequestHandler):
             sock.sendall(head(400, "application/json", "Bad Request") + json.dumps(error).encode())
         elif method == "POST" and path == "/v1/chat/completions":
             self.server.requests += 1
+            self.body = body
             getattr(self, "gen_" + mode)(sock)
         else:
             sock.sendall(head(404, "text/plain", "Not Found") + b"Not Found")
@@ -305,6 +308,25 @@ class Handler(socketserver.BaseRequestHandler):
                 srv.work_started = None
             self.gen_ok(sock)
 
+    def gen_prefill(self, sock: socket.socket) -> None:
+        """mlx_lm.server's prefill as its log tells it (0.32.2, the keepalive callback): a
+        prompt of a token per 4 bytes of body, 2048 tokens a step at --rate tokens a second,
+        each step logged, one request at a time; a client that left is not noticed. With
+        --stall-at F a long prompt's prefill stops stepping at that share, for good."""
+        srv, total = self.server, max(1, len(self.body) // 4)
+        with srv.slot:
+            done = 0
+            logging.info("Prompt processing progress: %d/%d", done, total)
+            while done < total:
+                if srv.stall_at and total > 2048 and done >= srv.stall_at * total:
+                    srv.stop.wait()
+                n = min(2048, total - done)
+                time.sleep(n / srv.rate)
+                done += n
+                logging.info("Prompt processing progress: %d/%d", done, total)
+            with contextlib.suppress(OSError):
+                self.gen_ok(sock)
+
     @staticmethod
     def rst(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -340,6 +362,8 @@ class Server(socketserver.ThreadingTCPServer):
         self.progress = 100.0
         self.work_started: float | None = None
         self.hostile: dict[str, dict[str, object]] = {}
+        self.rate = 2000.0  # prefill tokens a second (mode prefill)
+        self.stall_at = 0.0
 
     def load_state(self) -> tuple[int, int, float]:
         with self.lock:
@@ -408,8 +432,12 @@ def main() -> None:
     parser.add_argument("--ok-requests", type=int, default=3)
     parser.add_argument("--hang-file")
     parser.add_argument("--kind", default="mlx_lm", help="emulate this server's load routes")
+    parser.add_argument("--rate", type=float, default=2000.0, help="prefill tokens a second")
+    parser.add_argument("--stall-at", type=float, default=0.0, help="a prefill stops there")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
+    server.rate, server.stall_at = args.rate, args.stall_at
     print("ready", flush=True)
     server.serve_forever()
 

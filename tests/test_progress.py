@@ -33,7 +33,7 @@ def test_a_prefill_is_read_as_it_is_written_with_its_rate(tmp_path: Path) -> Non
         fh.write(line(T0, 2048, 12036) + line(T0 + 4.0, 4096, 12036))
         fh.write(line(T0 + 8.0, 6144, 12036)[:30])  # a line still being written
     said = reader.read()
-    assert said == Prefill(done=4096, total=12036, rate_tps=512.0, age_s=6.0)
+    assert said == Prefill(done=4096, total=12036, rate_tps=512.0, age_s=6.0, step_s=4.0)
     with log.open("a") as fh:
         fh.write(line(T0 + 8.0, 6144, 12036)[30:])
     said = reader.read()
@@ -55,6 +55,34 @@ def test_another_request_starts_a_new_prefill_and_a_finished_one_says_so(tmp_pat
     said = reader.read()
     assert said is not None and (said.done, said.total, said.rate_tps) == (2048, 40000, None)
     assert said.left_s is None and "about" not in said.describe()
+
+
+def test_interleaved_requests_are_followed_each_and_the_latest_long_one_told(
+    tmp_path: Path,
+) -> None:
+    """A batched server logs its requests' steps in turn; the probe's own short prompt
+    (0/30, 30/30) between them does not hide the long prefill nor reset its rate."""
+    log = tmp_path / "server.log"
+    log.write_text(
+        line(T0, 0, 19000)
+        + line(T0 + 1, 2048, 19000)
+        + line(T0 + 1.5, 0, 30)
+        + line(T0 + 2, 4096, 19000)
+        + line(T0 + 2.2, 30, 30)
+    )
+    reader = LogProgress(log, wall=lambda: T0 + 3)
+    said = reader.read()
+    assert said is not None and (said.done, said.total) == (4096, 19000)
+    assert (said.rate_tps, said.step_s, said.age_s) == (2048.0, 1.0, 1.0)
+    with log.open("a") as fh:  # the same prompt sent again: a new request, from its start
+        fh.write(line(T0 + 3, 0, 19000) + line(T0 + 4, 2048, 19000))
+    said = reader.read()
+    assert said is not None and (said.done, said.rate_tps) == (2048, 2048.0)
+    # Only short prompts: the latest one is told.
+    short = LogProgress(tmp_path / "short.log", wall=lambda: T0 + 3)
+    (tmp_path / "short.log").write_text(line(T0, 0, 30) + line(T0 + 1, 30, 30))
+    said = short.read()
+    assert said is not None and said.finished and said.total == 30
 
 
 def test_a_rotated_or_truncated_log_is_read_from_its_start(tmp_path: Path) -> None:

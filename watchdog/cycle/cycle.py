@@ -19,9 +19,10 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
-from mlx_watchdog.judge import bounds, budget, triggers
+from mlx_watchdog.judge import bounds, budget, clearing, triggers
 from mlx_watchdog.judge.advice import incident_advice
 from mlx_watchdog.judge.budget import LastRestart
+from mlx_watchdog.judge.clearing import Clearing, Cure
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -51,6 +52,7 @@ class Cycle:
         self.incident: OpenIncident | None = None
         self.needs_person: str | None = None  # why, while the phase is HELD
         self.draining = False
+        self.clearing: Clearing | None = None  # waiting for an abandoned prefill to finish
         self.tally = Tally()
         self.gave_up_counted = 0  # of the inspector's running count
         self.state_since: float | None = None
@@ -139,7 +141,39 @@ class Cycle:
             self.store.set_advice(self.incident.id, advice)  # more clients may have given up
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
+            # One wait an incident: a wait given up is not begun again before a restart.
+            first = self.incident is not None and not self.incident.waited
+            if (
+                trigger is Trigger.WEDGED
+                and self.phase is Phase.FAILING
+                and (self.clearing or first)
+            ):
+                cure = clearing.choose(
+                    v.evidence, self.tally.restart_cost(), self.clearing, self.monotonic()
+                )
+                if self._waits(cure):
+                    return
+                reason = f"{reason}; {cure.why}"
             self.restart(trigger.value, reason)
+
+    def _waits(self, cure: Cure) -> bool:
+        """Wait for the abandoned prefill (said when the wait begins), or end the wait."""
+        began, self.clearing = self.clearing, cure.wait
+        if cure.wait is None and began is not None:
+            self._waited("gave up", cure.why)
+        elif cure.wait is not None and began is None and self.incident is not None:
+            self.incident.waited = True
+            self.transition(
+                Phase.FAILING,
+                E.CLEARING,
+                cure.why,
+                within_s=round(cure.wait.until - cure.wait.began, 1),
+            )
+        return cure.wait is not None
+
+    def _waited(self, outcome: str, detail: str) -> None:
+        action = {"at": self.clock(), "action": "wait", "outcome": outcome, "detail": detail}
+        self.store.add_action(self.incident.id if self.incident else None, action)
 
     def _count_gave_up(self) -> None:
         """Clients seen leaving since the last tick: history, a metric and the day's count."""
@@ -155,20 +189,10 @@ class Cycle:
         )
 
     def _notice_jump(self, interval: float) -> None:
-        """After a sleep, a clock step or a suspension, streaks end and probes count from now."""
-        mono = self.monotonic()
-        moved = self.sight.jump(self.clock(), mono, interval)
-        if moved is None:
-            return
-        self.sight.fresh_since = mono
-        self.checker.load.forget()
-        self.streak = Streak()
-        log.warning(
-            "%s: the clock moved %+.0f s against the %.0f s the watchdog measured "
-            "(a sleep, a clock change or a suspended process); judging afresh",
-            self.server.name,
-            *moved,
-        )
+        """After a jump, streaks end and what the server said of its load is forgotten."""
+        if self.sight.notice_jump(self.server.name, self.clock(), self.monotonic(), interval):
+            self.checker.load.forget()
+            self.streak = Streak()
 
     def _advice(self, v: Verdict) -> str | None:
         waits = list(v.evidence.gave_up_after_s)
@@ -215,6 +239,10 @@ class Cycle:
         self.transition(Phase.FAILING, E.DETECTED, message, advice=advice, **v.evidence.brief())
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
+        if self.clearing is not None:
+            how = f"cleared without a restart: {self.clearing.waited(self.monotonic())}"
+            self._waited("cleared", f"{how}; {self.clearing.cost.describe()}")
+            self.clearing = None
         self.streak = Streak()
         self.refused_said = False
         self.tally.last_token_at = at
@@ -268,11 +296,13 @@ class Cycle:
         climb = ladder.climb(self.server, self.manager, self.checker, drain=drain, begin=begin)
         done, started = self.clock(), self._restart_began
         self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
-        self.store.finish_restart(self._restart_row, done, climb.result)
+        served_s = None if climb.served_at is None else climb.served_at - started
+        self.store.finish_restart(self._restart_row, done, climb.result, served_s)
         action = climb.action(started, trigger, self.manager.kind)
         self.store.add_action(self.incident.id if self.incident else None, action)
-        if climb.served_at is not None:
-            self.recovered(climb.served_at, recover_s=climb.served_at - started, how="restarted")
+        if climb.served_at is not None and served_s is not None:
+            self.tally.served_s.append(served_s)
+            self.recovered(climb.served_at, recover_s=served_s, how="restarted")
             return True
         self._not_restarted(climb.result, climb.outcome)
         return False
@@ -281,6 +311,9 @@ class Cycle:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
         still counts it."""
         started = self._restart_began = self.clock()
+        if self.clearing is not None:  # a person's restart during a wait
+            self._waited("ended by a restart", self.clearing.waited(self.monotonic()))
+            self.clearing = None
         self.tally.restarts_here.append(self.monotonic())
         self.tally.last_restart = LastRestart(started, trigger)
         self._restart_row = self.store.start_restart(self.server.name, started, trigger)
@@ -308,27 +341,22 @@ class Cycle:
     def _budget_allows(self, now: float) -> bool:
         settings = self.server.restart
         allowance = budget.allowance(settings, self.tally.restarts(now, self.monotonic()), now)
-        if allowance.spent:
-            if self.needs_person is None:
-                self.needs_person = (
-                    f"{allowance.used} restarts in the last {settings.window:g}s did not help"
-                )
-                self.store.hold(self.server.name, now, self.needs_person)
-                self.transition(
-                    Phase.HELD,
-                    E.BUDGET_SPENT,
-                    f"{self.needs_person}; a person is needed "
-                    f"(still probing; a healthy probe ends the hold)",
-                )
-            return False
-        if not allowance.allowed:
-            log.info(
-                "%s backing off: next restart not before %.0f s from now",
-                self.server.name,
-                (allowance.not_before or now) - now,
+        if allowance.spent and self.needs_person is None:
+            self.needs_person = (
+                f"{allowance.used} restarts in the last {settings.window:g}s did not help"
             )
-            return False
-        return True
+            self.store.hold(self.server.name, now, self.needs_person)
+            self.transition(
+                Phase.HELD,
+                E.BUDGET_SPENT,
+                f"{self.needs_person}; a person is needed (still probing; a healthy probe ends the hold)",
+            )
+        elif not allowance.allowed and not allowance.spent:
+            wait = (allowance.not_before or now) - now
+            log.info(
+                "%s backing off: next restart not before %.0f s from now", self.server.name, wait
+            )
+        return allowance.allowed and not allowance.spent
 
     def drain(self) -> None:
         """Turn the server's /healthz to 503 and run drain_command."""
@@ -347,20 +375,22 @@ class Cycle:
         runs, is queued, or just brought the server back would be a second restart for one
         cause: refused (Conflict), saying what happened instead."""
         if action == "restart":
-            self._no_second_restart(interval)
+            queued, running, last = (
+                "restart" in self.requests,
+                self.restarting,
+                self.tally.last_restart,
+            )
+            why = budget.repeat_restart(
+                self.server.name,
+                last,
+                queued=queued,
+                running=running,
+                now=self.clock(),
+                interval=interval,
+            )
+            if why is not None:
+                raise Conflict(why)
         self.requests.append(action)
-
-    def _no_second_restart(self, interval: float) -> None:
-        why = budget.repeat_restart(
-            self.server.name,
-            self.tally.last_restart,
-            queued="restart" in self.requests,
-            running=self.restarting,
-            now=self.clock(),
-            interval=interval,
-        )
-        if why is not None:
-            raise Conflict(why)
 
     def _carry_out(self, action: str) -> None:
         log.info("%s %s asked for through the endpoint", self.server.name, action)
@@ -389,11 +419,7 @@ class Cycle:
 
     def look(self, mono: float, interval: float) -> None:
         """Say once when the verdict goes stale, and once when it is fresh again."""
-        blind = self.blindness(mono, interval)
-        if blind is not None and not self.sight.blind_said:
-            self.sight.blind_said = True
-            self.emit(E.BLIND, blind)
-        elif blind is None and self.sight.blind_said and self.sight.verdict_mono is not None:
-            self.sight.blind_said = False
-            state = self.verdict.state if self.verdict else UNKNOWN
-            self.emit(E.SEEING, f"a fresh verdict again: {state}")
+        state = self.verdict.state if self.verdict else UNKNOWN
+        said = self.sight.look(self.blindness(mono, interval), state)
+        if said is not None:
+            self.emit(*said)

@@ -23,6 +23,8 @@ E = EventKind
 TRANSITIONS: dict[tuple[Phase, Phase], frozenset[EventKind | None]] = {
     # A wedged, dead or down verdict opens an incident.
     (Phase.NORMAL, Phase.FAILING): frozenset({E.DETECTED}),
+    # A wedge whose abandoned prefill ends sooner than a restart would bring the server back.
+    (Phase.FAILING, Phase.FAILING): frozenset({E.CLEARING}),
     # A trigger the budget allows; or a person's restart, held or not, incident or not.
     (Phase.FAILING, Phase.RESTARTING): frozenset({E.RESTARTING}),
     (Phase.HELD, Phase.RESTARTING): frozenset({E.RESTARTING}),
@@ -53,3 +55,4 @@ class OpenIncident:
     state: str  # the state that opened it
     id: Ref = None  # its row in the history (written behind: its id once written)
     advised_waits: list[float] = field(default_factory=list)  # what the advice says
+    waited: bool = False  # for an abandoned prefill: once an incident, then restarts only

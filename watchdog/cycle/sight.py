@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from mlx_watchdog.judge import bounds
+from mlx_watchdog.judge.states import EventKind
+
+log = logging.getLogger("mlx_watchdog")
 
 
 @dataclass
@@ -31,3 +35,27 @@ class Sight:
             return None
         d_wall, d_mono = wall - self.last_tick[0], mono - self.last_tick[1]
         return (d_wall, d_mono) if bounds.jumped(d_wall, d_mono, interval) else None
+
+    def notice_jump(self, name: str, wall: float, mono: float, interval: float) -> bool:
+        """After a sleep, a clock step or a suspension, probes count from now: True then."""
+        moved = self.jump(wall, mono, interval)
+        if moved is None:
+            return False
+        self.fresh_since = mono
+        log.warning(
+            "%s: the clock moved %+.0f s against the %.0f s the watchdog measured "
+            "(a sleep, a clock change or a suspended process); judging afresh",
+            name,
+            *moved,
+        )
+        return True
+
+    def look(self, blind: str | None, state: str) -> tuple[EventKind, str] | None:
+        """The event to say when the verdict went stale, or fresh again; said once each."""
+        if blind is not None and not self.blind_said:
+            self.blind_said = True
+            return EventKind.BLIND, blind
+        if blind is None and self.blind_said and self.verdict_mono is not None:
+            self.blind_said = False
+            return EventKind.SEEING, f"a fresh verdict again: {state}"
+        return None

@@ -23,6 +23,7 @@ class EventKind(StrEnum):
 
     DETECTED = "detected"  # an incident opened
     RESTARTING = "restarting"
+    CLEARING = "clearing"  # waiting for an abandoned prefill to finish instead of restarting
     RECOVERED = "recovered"
     RESTART_FAILED = "restart_failed"
     BUDGET_SPENT = "budget_spent"  # a person is needed

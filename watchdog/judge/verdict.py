@@ -256,6 +256,7 @@ class Evidence:
     prefill_rate_tps: float | None = None
     prefill_left_s: float | None = None
     prefill_age_s: float | None = None
+    prefill_step_s: float | None = None
     progress_problem: str | None = None
 
     def brief(self) -> dict[str, object]:
@@ -323,6 +324,7 @@ def _prefill(said: Prefill | None, problem: str | None) -> dict[str, Any]:
         "prefill_rate_tps": said.rate_tps,
         "prefill_left_s": _r(said.left_s),
         "prefill_age_s": said.age_s,
+        "prefill_step_s": said.step_s,
         "progress_problem": problem,
     }
 

@@ -32,6 +32,7 @@ TITLES: dict[EventKind, str] = {
     EventKind.RECOVERED: "{server} recovered",
     EventKind.RESTART_FAILED: "restart of {server} failed",
     EventKind.BUDGET_SPENT: "{server} needs a person",
+    EventKind.CLEARING: "waiting for {server} to clear",
     EventKind.REFUSED: "refused to signal {server}",
     EventKind.INTERRUPTED: "restart of {server} interrupted",
     EventKind.BLIND: "the watchdog cannot see {server}",

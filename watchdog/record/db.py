@@ -64,6 +64,8 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE incidents ADD COLUMN advice TEXT;
         """,
     ),
+    # From a restart's start to the first token after it: what a restart costs this server.
+    ("0004_restart_served_s", "ALTER TABLE restarts ADD COLUMN served_s REAL"),
 ]
 
 HISTORY_FILE = "history.db"

@@ -272,11 +272,13 @@ class Store:
             "INSERT INTO restarts (server, at, trigger) VALUES (?, ?, ?)", (server, at, trigger)
         )
 
-    def finish_restart(self, restart: Ref, at: float, outcome: str) -> None:
+    def finish_restart(
+        self, restart: Ref, at: float, outcome: str, served_s: float | None = None
+    ) -> None:
         if restart is not None:
             self._write(
-                "UPDATE restarts SET finished_at = ?, outcome = ? WHERE id = ?",
-                (at, outcome, restart),
+                "UPDATE restarts SET finished_at = ?, outcome = ?, served_s = ? WHERE id = ?",
+                (at, outcome, served_s, restart),
             )
 
     def interrupt_unfinished(self, server: str, at: float) -> list[Restart]:
@@ -294,6 +296,15 @@ class Store:
             Restart(r["id"], r["server"], r["at"], r["trigger"], r["finished_at"], r["outcome"])
             for r in rows
         ]
+
+    def restart_costs(self, server: str, n: int) -> list[float]:
+        """The last `n` times from a restart to its first token, oldest first."""
+        rows = self._rows(
+            "SELECT served_s FROM restarts WHERE server = ? AND served_s > 0 "
+            "ORDER BY at DESC LIMIT ?",
+            (server, n),
+        )
+        return [float(r["served_s"]) for r in reversed(rows)]
 
     def hold(self, server: str, at: float, reason: str) -> None:
         self._write("INSERT OR REPLACE INTO holds VALUES (?, ?, ?)", (server, at, reason))

@@ -14,6 +14,7 @@ from typing import Any
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import LastRestart
+from mlx_watchdog.judge.clearing import COSTS_KEPT, RestartCost, restart_cost
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.record.store import Store
 
@@ -52,6 +53,7 @@ class Tally:
     restarts_here: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
     last_restart: LastRestart | None = None
     last_token_at: float | None = None
+    served_s: deque[float] = field(default_factory=lambda: deque(maxlen=COSTS_KEPT))
 
     @classmethod
     def load(cls, store: Store, server: ServerConfig, now: float) -> Tally:
@@ -72,7 +74,11 @@ class Tally:
             if last is None
             else LastRestart(last.at, last.trigger, last.outcome, last.finished_at),
             last_token_at=store.last_token_at(name),
+            served_s=deque(store.restart_costs(name, COSTS_KEPT), maxlen=COSTS_KEPT),
         )
+
+    def restart_cost(self) -> RestartCost:
+        return restart_cost(list(self.served_s))
 
     def restarts(self, wall: float, mono: float) -> list[float]:
         """When the server was restarted, in wall time as of (`wall`, `mono`)."""

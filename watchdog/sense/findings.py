@@ -69,6 +69,7 @@ class Prefill:
     total: int
     rate_tps: float | None  # over this prefill's logged steps; None after one step
     age_s: float  # since its last logged step
+    step_s: float | None = None  # the mean time between its logged steps; None after one
 
     @property
     def finished(self) -> bool:

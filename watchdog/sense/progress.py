@@ -7,8 +7,10 @@ request, for a client that left too:
 
 The log is read incrementally from where the last look stopped, at most READ_MAX bytes a look
 (a log that grew more is skipped ahead to its last READ_MAX); a rotated or truncated log is read
-from its start. With `--draft-model` mlx-lm logs no such lines (speculative decoding drops the
-progress callback), and then there is no progress to read, which is said, never guessed.
+from its start. A batched server interleaves the lines of its requests: each prompt size is
+followed on its own, and the latest long one is what is told. With `--draft-model` mlx-lm logs
+no such lines (speculative decoding drops the progress callback), and then there is no progress
+to read, which is said, never guessed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from mlx_watchdog.sense.findings import Prefill
 
 READ_MAX = 1 << 20  # bytes a look reads at most
+PREFILLS_KEPT = 16  # prompt sizes followed at once
+SHORT_PROMPT = 512  # tokens: prefilled in one step, so its lines tell nothing of a wedge
 LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
     rb"Prompt processing progress: (\d{1,9})/(\d{1,9})\s*$"
@@ -48,7 +52,8 @@ class LogProgress:
         self.problem: str | None = None  # why the log could not be read (a finding)
         self._offset: int | None = None  # None: not read yet (start near its end)
         self._inode: int | None = None
-        self._steps: list[_Step] = []  # the prefill in the log's last lines
+        # The prefills in the log's last lines, by prompt size, the one stepped last at the end.
+        self._prefills: dict[int, list[_Step]] = {}
 
     def read(self) -> Prefill | None:
         """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
@@ -76,7 +81,7 @@ class LogProgress:
             if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
                 # First look, a rotated log or a truncated one: from near its end, or its start.
                 start = max(0, st.st_size - READ_MAX) if self._offset is None else 0
-                self._inode, self._steps = st.st_ino, []
+                self._inode, self._prefills = st.st_ino, {}
             else:
                 start = max(self._offset, st.st_size - READ_MAX)
             fh.seek(start)
@@ -86,15 +91,21 @@ class LogProgress:
         return data[:whole]
 
     def _add(self, step: _Step) -> None:
-        last = self._steps[-1] if self._steps else None
-        if last is None or step.total != last.total or step.done < last.done:
-            self._steps = []  # another request's prefill
-        self._steps = [*self._steps[-63:], step]
+        steps = self._prefills.pop(step.total, [])
+        if steps and step.done < steps[-1].done:
+            steps = []  # the same size of prompt again: another request
+        self._prefills[step.total] = [*steps[-63:], step]  # the newest last
+        while len(self._prefills) > PREFILLS_KEPT:
+            del self._prefills[next(iter(self._prefills))]
 
     def _prefill(self) -> Prefill | None:
-        if not self._steps:
+        if not self._prefills:
             return None
-        first, last = self._steps[0], self._steps[-1]
+        # A batched server interleaves its requests' lines: the latest long prompt is the one
+        # that tells something; a short one (the probe's own) prefills in one step.
+        long = [s for s in self._prefills.values() if s[-1].total >= SHORT_PROMPT]
+        steps = (long or list(self._prefills.values()))[-1]
+        first, last = steps[0], steps[-1]
         span = last.at - first.at
         rate = (last.done - first.done) / span if span > 0 and last.done > first.done else None
         return Prefill(
@@ -102,6 +113,7 @@ class LogProgress:
             total=last.total,
             rate_tps=None if rate is None else round(rate, 1),
             age_s=round(max(0.0, self.wall() - last.at), 1),
+            step_s=round(span / (len(steps) - 1), 2) if len(steps) > 1 else None,
         )
 
 

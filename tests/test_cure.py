@@ -1,0 +1,101 @@
+"""The cure a wedge gets: a wait for the abandoned prefill when that is cheaper, else a restart.
+
+The server here is our own (tests/badserver.py, mode "prefill"), logging its prefill as
+mlx_lm.server does, run by the daemon (manager = "process") so the daemon reads its log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.demo.run import send
+from tests.builders import badserver_argv
+from tests.conftest import DaemonThread, free_port, until
+
+LONG = "word " * 8000  # 40 kB of body: about 10,000 tokens to the server, 5 s at 2000 tok/s
+
+
+def prefill_config(tmp_path: Path, port: int, *extra: str) -> dict[str, object]:
+    return {
+        "watchdog": {
+            "interval": "300ms",
+            "listen": "127.0.0.1:0",
+            "state_dir": str(tmp_path / "state"),
+        },
+        "server": [
+            {
+                "name": "owned",
+                "url": f"http://127.0.0.1:{port}",
+                "manager": "process",
+                "match": "badserver",
+                "command": badserver_argv(port, "prefill", *extra),
+                "log_file": str(tmp_path / "server.log"),
+                "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
+                "restart": {"max_restarts": 3, "backoff": "1s"},
+            }
+        ],
+    }
+
+
+def healthy(t: DaemonThread) -> bool:
+    w = t.daemon.cycles["owned"]
+    return w.verdict is not None and w.verdict.state == "healthy" and w.incident is None
+
+
+def kinds(t: DaemonThread) -> list[str]:
+    return [e.kind for e in t.daemon.store.events() if e.kind != "gave_up"]
+
+
+def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    port = free_port()
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
+    until(lambda: healthy(t), 30, "the server to serve")
+    w = t.daemon.cycles["owned"]
+    pid = w.manager.pid()
+    assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
+    until(lambda: "clearing" in kinds(t), 30, "the wait for the abandoned prefill")
+    until(lambda: "recovered" in kinds(t), 30, "the server to serve after the prefill")
+    assert kinds(t) == ["detected", "clearing", "recovered"]
+    assert t.daemon.store.restarts("owned", 0.0) == [] and w.manager.pid() == pid
+    clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
+    assert clearing.message.startswith("waiting for the abandoned prefill to finish (")
+    assert "a restart is taken to take 30 s (none measured here yet)" in clearing.message
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert incident.state == "wedged" and incident.outcome is not None
+    assert incident.outcome.startswith("cleared without a restart: waited ")
+    assert [(a["action"], a["outcome"]) for a in incident.actions] == [("wait", "cleared")]
+    assert "a restart is taken to take 30 s" in incident.actions[0]["detail"]
+
+
+def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    port = free_port()
+    # 40,000 tokens at 4,000 tok/s: about 9 s left when judged, so a wait of about 16 s; the
+    # prefill stops at 30% (3 s), and 10 s without a step ends the wait first.
+    extra = ("--rate", "4000", "--stall-at", "0.3")
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port, *extra))))
+    until(lambda: healthy(t), 30, "the server to serve")
+    w = t.daemon.cycles["owned"]
+    first = w.manager.pid()
+    assert send(f"http://127.0.0.1:{port}", "word " * 32_000, timeout=0.3) == "gave up"
+    until(lambda: "recovered" in kinds(t), 60, "the stalled server restarted")
+    assert kinds(t) == ["detected", "clearing", "restarting", "recovered"]
+    assert w.manager.pid() not in (None, first)
+    restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
+    assert "waited " in restarting.message and "logged no step for " in restarting.message
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert [(a["action"], a["outcome"]) for a in incident.actions] == [
+        ("wait", "gave up"),
+        ("restart (process)", "recovered"),
+    ]
+    (restart,) = t.daemon.store.restarts("owned", 0.0)
+    costs = t.daemon.store.restart_costs("owned", 5)
+    assert len(costs) == 1 and 0 < costs[0] < 30
+    assert w.tally.restart_cost().measured == 1
+    assert restart.outcome == "recovered"
