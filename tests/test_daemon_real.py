@@ -54,6 +54,12 @@ def process_config(
     }
 
 
+def abandoned(pid: int | None) -> int:
+    """The server's connections whose client has gone (CLOSE_WAIT)."""
+    conns = psutil.Process(pid).net_connections("tcp") if pid else []
+    return len([c for c in conns if c.status == psutil.CONN_CLOSE_WAIT])
+
+
 def state(t: DaemonThread) -> str | None:
     v = t.daemon.cycles["tiny"].verdict
     return v.state if v else None
@@ -105,10 +111,69 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     assert "time to recover" in str(receiver.received[2]["message"])
     events = [json.loads(line) for line in hook_out.read_text().splitlines()]
     assert [e["kind"] for e in events] == ["detected", "restarting", "recovered"]
+    # Under --draft-model mlx-lm logs no prefill progress: no wait, and the reason says so.
+    assert "restarting rather than waiting: no prefill progress can be read" in events[1]["message"]
     assert events[2]["data"]["recover_s"] == pytest.approx(incident.recover_s, abs=0.01)
 
     t.stop()
     assert not psutil.pid_exists(new_pid) or psutil.Process(new_pid).status() == "zombie"
+
+
+def test_an_abandoned_prefill_is_waited_for_then_a_second_one_behind_it_restarts(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """Batched (no draft model), the server logs its prefill: a prompt abandoned with a few
+    seconds of prefill left is waited for, not restarted. In the next incident a second
+    client gives up behind the first: more abandoned work than the prefill in flight, so the
+    wait ends in a restart."""
+    doc = process_config(tmp_path, tiny_model, hf_cache, [], [])
+    server = doc["server"][0]  # type: ignore[index]
+    port = int(server["url"].rsplit(":", 1)[1])
+    server["command"] = server_command(tiny_model, port, serial=False)
+    config = parse_config(doc)
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    w = t.daemon.cycles["tiny"]
+    first_pid = w.manager.pid()
+    url = config.servers[0].url
+
+    def kinds() -> list[str]:
+        return [e.kind for e in t.daemon.store.events() if e.kind != "gave_up"]
+
+    # About 14,000 tokens: some 10 s of prefill here, about 5 s of it left when judged.
+    assert send(url, long_prompt(21, words=4500), timeout=1.0) == "gave up"
+    until(lambda: "recovered" in kinds(), 120, "the abandoned prefill to clear")
+    assert kinds()[:3] == ["detected", "clearing", "recovered"], kinds()
+    cleared = t.daemon.store.incidents(0.0)[0]
+    assert (cleared.outcome or "").startswith("cleared without a restart: waited ")
+    clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
+    assert "prompt tokens at " in clearing.message and "instead of restarting" in clearing.message
+    # Batched, the probe is at times served between the prefill's steps: a prompt can wedge
+    # the probe more than once before it ends, and each time is waited out, not restarted.
+    until(lambda: abandoned(first_pid) == 0, 120, "the abandoned request to end")
+    until(lambda: state(t) == "healthy" and w.incident is None, 60, "healthy again")
+    assert w.manager.pid() == first_pid and t.daemon.store.restarts("tiny", 0.0) == []
+    assert set(kinds()) == {"detected", "clearing", "recovered"}
+    before = len(kinds())
+    abandon = [
+        threading.Thread(target=send, args=(url, long_prompt(seed, words=4500), 1.0))
+        for seed in (22, 23)
+    ]
+    for thread in abandon:
+        thread.start()
+    for thread in abandon:
+        thread.join()
+    until(lambda: "restarting" in kinds(), 120, "a restart")
+    until(lambda: kinds()[-1] == "recovered", 120, "the restarted server to serve")
+    second = kinds()[before:]
+    assert second[0] == "detected" and second[-2:] == ["restarting", "recovered"], second
+    restarting = [e for e in t.daemon.store.events() if e.kind == "restarting"][-1]
+    assert "clients left requests behind" in restarting.message
+    assert w.manager.pid() not in (None, first_pid)
+    assert len(t.daemon.store.restart_costs("tiny", 5)) == 1
 
 
 def test_a_patient_client_is_not_restarted(
