@@ -6,14 +6,16 @@ mlx_lm.server does, run by the daemon (manager = "process") so the daemon reads 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mlx_watchdog.config import parse_config
+from mlx_watchdog.config import effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import send
+from mlx_watchdog.serve.status import of_cycle
 from tests.builders import badserver_argv
-from tests.conftest import DaemonThread, free_port, until
+from tests.conftest import DaemonThread, free_port, mlx_watchdog, until
 
 LONG = "word " * 8000  # 40 kB of body: about 10,000 tokens to the server, 5 s at 2000 tok/s
 
@@ -58,7 +60,11 @@ def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
     w = t.daemon.cycles["owned"]
     pid = w.manager.pid()
     assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
-    until(lambda: "clearing" in kinds(t), 30, "the wait for the abandoned prefill")
+    waiting = until(
+        lambda: of_cycle(w, time.time(), time.monotonic(), 0.3)["clearing"], 30, "a wait shown"
+    )
+    assert isinstance(waiting, dict) and waiting["prefill_total"] > 9000
+    assert 0 <= waiting["waited_s"] < waiting["waited_s"] + waiting["restart_in_s"] <= 30
     until(lambda: "recovered" in kinds(t), 30, "the server to serve after the prefill")
     assert kinds(t) == ["detected", "clearing", "recovered"]
     assert t.daemon.store.restarts("owned", 0.0) == [] and w.manager.pid() == pid
@@ -70,6 +76,16 @@ def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
     assert incident.outcome.startswith("cleared without a restart: waited ")
     assert [(a["action"], a["outcome"]) for a in incident.actions] == [("wait", "cleared")]
     assert "a restart is taken to take 30 s" in incident.actions[0]["detail"]
+    assert of_cycle(w, time.time(), time.monotonic(), 0.3)["clearing"] is None
+    t.stop()
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(to_toml(effective(t.daemon.config)))
+    shown = mlx_watchdog("history", "--config", str(config_file))
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "wait: cleared" in shown.stdout
+        and "    wait: cleared without a restart: waited" in shown.stdout
+    )
 
 
 def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(

@@ -109,6 +109,13 @@ def _status_view(doc: dict[str, Any]) -> Group:
             )
         if s.get("progress_problem"):
             notes.append(f"  [yellow]server log:[/] {escape(s['progress_problem'])}")
+        wait = s.get("clearing")
+        if isinstance(wait, dict):
+            notes.append(
+                f"  [yellow]clearing:[/] waiting {wait.get('waited_s')} s for the abandoned "
+                f"prefill instead of a restart; restarting in {wait.get('restart_in_s')} s "
+                "if it has not served"
+            )
     w = doc["watchdog"]
     head = (
         f"[green]watchdog running[/green] (PID {w['pid']}, every {w['interval_s']:g}s)"
@@ -196,6 +203,9 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
         out.print(f"[bold]#{i.id}[/bold] {escape(i.reason)}", soft_wrap=True)
         if i.advice:
             out.print(f"    [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
+        for a in i.actions:
+            if a.get("action") == "wait":
+                out.print(f"    [cyan]wait:[/cyan] {escape(str(a.get('detail')))}", soft_wrap=True)
 
 
 def _clock(at: float, short: bool = False) -> str:

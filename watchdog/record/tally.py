@@ -35,6 +35,8 @@ class Held:
     incidents_24h: int = 0
     gave_up_24h: int = 0
     last_restart: dict[str, Any] | None = None  # at, trigger, outcome, finished_at
+    restart_cost_s: float | None = None  # a restart's time to the first token here
+    restart_cost_measured: int = 0  # restarts it is the median of; 0: the stated default
 
 
 def restart_span(server: ServerConfig) -> float:
@@ -101,7 +103,7 @@ class Tally:
         needs_person: str | None,
     ) -> Held:
         since = now - restart_span(server)
-        last = self.last_restart
+        last, cost = self.last_restart, self.restart_cost()
         return Held(
             ttfts=[t for at, t in list(self.ttfts) if at >= now - TTFT_WINDOW],
             restarts=[t for t in self.restarts(now, mono) if t >= since],
@@ -111,6 +113,8 @@ class Tally:
             last_restart=None if last is None else asdict(last),
             incidents_24h=len([at for at in list(self.opened) if at >= now - DAY]),
             gave_up_24h=sum(n for at, n in list(self.gave_up) if at >= now - DAY),
+            restart_cost_s=cost.seconds,
+            restart_cost_measured=cost.measured,
         )
 
 

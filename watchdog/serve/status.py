@@ -14,6 +14,7 @@ from typing import Any
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle import Cycle
 from mlx_watchdog.judge.budget import allowance
+from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN, UNKNOWN_EXIT
 from mlx_watchdog.judge.verdict import Evidence
 from mlx_watchdog.record.store import Ref, Store, row_id
@@ -34,6 +35,7 @@ def describe(
     restarting: bool = False,
     blind: bool = False,
     age: float | None = None,
+    clearing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     ttfts = sorted(held.ttfts)
     budget = allowance(server.restart, held.restarts, now)
@@ -76,6 +78,10 @@ def describe(
         "server_waiting": e.server_waiting,
         "incident": held.incident,
         "last_restart": held.last_restart,
+        # Waiting for an abandoned prefill instead of restarting: waited_s, restart_in_s.
+        "clearing": clearing,
+        "restart_cost_s": held.restart_cost_s,  # to the first token: measured, or the default
+        "restart_cost_measured": held.restart_cost_measured,
     }
 
 
@@ -98,7 +104,18 @@ def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> dict[str, An
         restarting=c.restarting,
         blind=blind is not None,
         age=None if seen is None else mono - seen,
+        clearing=_clearing(c.clearing, mono),
     )
+
+
+def _clearing(wait: Clearing | None, mono: float) -> dict[str, Any] | None:
+    if wait is None:
+        return None
+    return {
+        "waited_s": round(mono - wait.began, 1),
+        "restart_in_s": round(max(0.0, wait.until - mono), 1),
+        "prefill_total": wait.total,
+    }
 
 
 def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, Any]:
