@@ -108,3 +108,50 @@ def test_a_restarts_cost_is_the_median_of_the_last_few_measured_here() -> None:
     assert "none measured here yet" in restart_cost([]).describe()
     assert restart_cost([100.0, 0.0, 3.0, 4.0, 5.0, 6.0, 40.0]) == RestartCost(5.0, 5)
     assert restart_cost([12.34]).describe() == "a restart takes about 12 s here"
+
+
+# -- retry loops, named in numbers --------------------------------------------------------
+
+
+def wedge(tokens: int, waited: float, rate: float | None = 312.0) -> dict[str, object]:
+    """An incident's evidence as the history keeps it."""
+    return {"prefill_total": tokens, "gave_up_after_s": [waited], "prefill_rate_tps": rate}
+
+
+def test_the_same_prompt_abandoned_at_the_same_point_again_is_a_retry_loop_in_numbers() -> None:
+    from mlx_watchdog.judge.advice import Abandoned, retry_loop
+
+    seen = [Abandoned.of(wedge(t, w)) for t, w in ((43_118, 55.0), (43_120, 54.0), (43_200, 56.5))]
+    assert all(seen)
+    assert retry_loop([a for a in seen if a]) == (
+        "a client resends a ~43k-token prompt and gives up after ~55 s each time (3 times); "
+        "at 312 tok/s it needs ~138 s; it will never succeed until its timeout is above 170 s"
+    )
+    # Twice is not yet a loop; another prompt size or another wait is another client.
+    assert retry_loop([a for a in seen[:2] if a]) is None
+    other = [Abandoned.of(wedge(12_000, 55.0)), Abandoned.of(wedge(43_100, 20.0))]
+    assert retry_loop([*(a for a in seen[:2] if a), *(a for a in other if a)]) is None
+    # No rate read: said without the figure it cannot know.
+    norate = [Abandoned.of(wedge(43_118, 55.0, None)) for _ in range(3)]
+    assert retry_loop([a for a in norate if a]) == (
+        "a client resends a ~43k-token prompt and gives up after ~55 s each time (3 times); "
+        "it will never succeed until its timeout is well above 55 s"
+    )
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        {},
+        {"prefill_total": 43_118, "gave_up_after_s": []},
+        {"prefill_total": "43k", "gave_up_after_s": [55.0]},
+        {"prefill_total": 43_118, "gave_up_after_s": ["soon"]},
+        {"prefill_total": -1, "gave_up_after_s": [55.0]},
+    ],
+)
+def test_an_incident_without_a_prompt_and_a_wait_says_nothing_of_loops(
+    evidence: dict[str, object],
+) -> None:
+    from mlx_watchdog.judge.advice import Abandoned
+
+    assert Abandoned.of(evidence) is None

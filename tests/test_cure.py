@@ -115,3 +115,25 @@ def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
     assert len(costs) == 1 and 0 < costs[0] < 30
     assert w.tally.restart_cost().measured == 1
     assert restart.outcome == "recovered"
+
+
+def test_a_client_resending_the_same_prompt_is_named_a_retry_loop_in_numbers(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    port = free_port()
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
+    until(lambda: healthy(t), 30, "the server to serve")
+    for n in (1, 2, 3):
+        assert send(f"http://127.0.0.1:{port}", LONG, timeout=1.0) == "gave up"
+        until(lambda: kinds(t).count("recovered") == n, 30, f"incident {n} to clear")
+        until(lambda: healthy(t), 30, "the server to serve again")
+    incidents = t.daemon.store.incidents(0.0)
+    assert len(incidents) == 3
+    assert "resends" not in (incidents[1].advice or "")
+    advice = incidents[2].advice or ""
+    assert advice.startswith(
+        "a client resends a ~10k-token prompt and gives up after ~1 s each time (3 times); at 2,0"
+    ), advice
+    assert "it will never succeed until its timeout is above 10 s" in advice
+    detected = [e for e in t.daemon.store.events() if e.kind == "detected"][-1]
+    assert "a client resends a ~10k-token prompt" in detected.message

@@ -17,11 +17,12 @@ from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
-from mlx_watchdog.judge.advice import tokens_label
+from mlx_watchdog.judge.advice import retry_loop, tokens_label
 from mlx_watchdog.judge.states import BAD_STATES
 from mlx_watchdog.record.left import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
+from mlx_watchdog.record.tally import abandoned_lately
 from mlx_watchdog.sense.evidence import is_local_host
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 from mlx_watchdog.sense.load import LoadReader
@@ -109,6 +110,15 @@ def _server(
             "ok", name, "batched (no --draft-model): abandoned work still slows, less long"
         )
     yield from _calibration(name, server, store, now, advice)
+    loop = retry_loop(abandoned_lately(store, server.name, now))
+    if loop is not None:
+        yield Finding(
+            "warning",
+            name,
+            f"a retry loop in the last day: {loop}",
+            "raise that client's timeout (and its proxy's) to the figure above, or stop it "
+            "resending the prompt",
+        )
 
 
 def _generation(name: str, server: ServerConfig, why: str | None) -> Iterator[Finding]:

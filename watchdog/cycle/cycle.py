@@ -20,7 +20,7 @@ from mlx_watchdog.cycle.crew import Conflict, Crew
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, clearing, triggers
-from mlx_watchdog.judge.advice import incident_advice
+from mlx_watchdog.judge.advice import Abandoned, incident_advice, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.clearing import Clearing, Cure
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
@@ -28,7 +28,7 @@ from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
-from mlx_watchdog.record.tally import Tally
+from mlx_watchdog.record.tally import Tally, abandoned_lately
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -137,8 +137,8 @@ class Cycle:
         if self.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
             self._detected(v, now - (v.evidence.waited_s or 0.0), advice)
-        elif advice:
-            self.store.set_advice(self.incident.id, advice)  # more clients may have given up
+        elif advice:  # more clients may have given up
+            self.store.set_advice(self.incident.id, _joined(self.incident.loop, advice) or advice)
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             # One wait an incident: a wait given up is not begun again before a restart.
@@ -228,7 +228,11 @@ class Cycle:
     def _detected(self, v: Verdict, began: float, advice: str | None) -> None:
         """Open the incident: in memory always, in the history when it can be written."""
         now = self.clock()
-        self.incident = OpenIncident(began, v.state)
+        seen = abandoned_lately(self.store, self.server.name, now)
+        loop = retry_loop([*seen, *filter(None, [Abandoned.of(v.evidence.to_json())])])
+        self.incident = OpenIncident(began, v.state, loop=loop)
+        self.incident.advised_waits = list(v.evidence.gave_up_after_s)
+        advice = _joined(loop, advice)
         self.tally.opened.append(now)
         self.incident.id = self.store.open_incident(
             self.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
@@ -423,3 +427,7 @@ class Cycle:
         said = self.sight.look(self.blindness(mono, interval), state)
         if said is not None:
             self.emit(*said)
+
+
+def _joined(*parts: str | None) -> str | None:
+    return "; ".join(p for p in parts if p) or None

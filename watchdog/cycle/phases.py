@@ -55,4 +55,5 @@ class OpenIncident:
     state: str  # the state that opened it
     id: Ref = None  # its row in the history (written behind: its id once written)
     advised_waits: list[float] = field(default_factory=list)  # what the advice says
+    loop: str | None = None  # a retry loop named when it opened
     waited: bool = False  # for an abandoned prefill: once an incident, then restarts only

@@ -5,10 +5,15 @@ server's measured speed calls for. The daemon says it in incidents; `calibrate` 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 MARGIN = 1.5  # on the predicted time: a busier machine, a longer answer, a slower model load
+LOOP_SEEN = 3  # the same prompt abandoned at the same point this often is a retry loop
+ALIKE = 0.15  # prompt sizes and waits within this share of each other are "the same"
+LOOP_MARGIN = 1.2  # the timeout it needs: the prefill at the rate seen, and a fifth more
 
 
 def tokens_label(tokens: int) -> str:
@@ -41,3 +46,60 @@ def incident_advice(waits: Sequence[float], last: dict[str, Any] | None) -> str 
         f"{who}; a {tokens_label(int(need['prompt_tokens']))}-token prompt needs about {float(need['prefill_s']):.0f} s here "
         f"(last calibration); raise their timeouts to at least {at_least} s"
     )
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """A wedge as its incident saw it: the prompt the server's log showed in flight, how long
+    the client that left had waited, and the prefill rate the log showed."""
+
+    prompt_tokens: int
+    waited_s: float
+    rate_tps: float | None
+
+    @classmethod
+    def of(cls, evidence: Mapping[str, Any]) -> Abandoned | None:
+        total, waits = evidence.get("prefill_total"), evidence.get("gave_up_after_s") or ()
+        rate = evidence.get("prefill_rate_tps")
+        if not isinstance(total, int) or total <= 0 or not waits:
+            return None
+        if not all(isinstance(w, (int, float)) for w in waits):
+            return None
+        return cls(
+            total, float(max(waits)), float(rate) if isinstance(rate, (int, float)) else None
+        )
+
+
+def retry_loop(seen: Sequence[Abandoned]) -> str | None:
+    """A client that resends the same prompt and gives up at the same point, in numbers; or
+    None. `seen` is oldest first, the wedge at hand last."""
+    if not seen:
+        return None
+    last = seen[-1]
+    alike = [
+        a
+        for a in seen
+        if abs(a.prompt_tokens - last.prompt_tokens) <= ALIKE * last.prompt_tokens
+        and abs(a.waited_s - last.waited_s) <= max(2.0, ALIKE * last.waited_s)
+    ]
+    if len(alike) < LOOP_SEEN:
+        return None
+    tokens = statistics.median(a.prompt_tokens for a in alike)
+    waited = statistics.median(a.waited_s for a in alike)
+    text = (
+        f"a client resends a ~{_k(tokens)}-token prompt and gives up after ~{waited:.0f} s "
+        f"each time ({len(alike)} times)"
+    )
+    rates = [a.rate_tps for a in alike if a.rate_tps]
+    if not rates:
+        return f"{text}; it will never succeed until its timeout is well above {waited:.0f} s"
+    rate = statistics.median(rates)
+    need = tokens / rate
+    return (
+        f"{text}; at {rate:,.0f} tok/s it needs ~{need:.0f} s; it will never succeed until its "
+        f"timeout is above {round_up(need * LOOP_MARGIN, 10)} s"
+    )
+
+
+def _k(tokens: float) -> str:
+    return f"{tokens / 1000:.0f}k" if tokens >= 1000 else f"{tokens:.0f}"

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.advice import Abandoned
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.clearing import COSTS_KEPT, RestartCost, restart_cost
 from mlx_watchdog.judge.states import EventKind
@@ -121,3 +122,9 @@ class Tally:
 def _count(value: object) -> int:
     """A count as this watchdog writes it; anything else (a row edited by hand) counts 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def abandoned_lately(store: Store, server: str, now: float) -> list[Abandoned]:
+    """The last day's wedges whose evidence names the prompt in flight, oldest first."""
+    seen = (Abandoned.of(i.evidence) for i in store.incidents(now - DAY, server))
+    return [a for a in seen if a is not None]
