@@ -110,10 +110,25 @@ def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
         ("wait", "gave up"),
         ("restart (process)", "recovered"),
     ]
+    # The server's last words, kept before the restart: where it was stuck, what it logged,
+    # the client that left.
+    (dump,) = t.daemon.store.dumps(incident.id)
+    assert dump["pid"] == first and "gen_prefill" in (dump["stack"] or ""), dump["stack_problem"]
+    assert "Prompt processing progress: 12288/40014" in (dump["log_tail"] or "")
+    assert any("CLOSE_WAIT" in s for s in dump["sockets"])
     (restart,) = t.daemon.store.restarts("owned", 0.0)
     costs = t.daemon.store.restart_costs("owned", 5)
     assert len(costs) == 1 and 0 < costs[0] < 30
     assert w.tally.restart_cost().measured == 1
+    t.stop()
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(to_toml(effective(t.daemon.config)))
+    shown = mlx_watchdog("history", "--config", str(config_file), "--show", str(incident.id))
+    assert shown.returncode == 0, shown.stderr
+    for said in ("wait: gave up", "before the restart", "gen_prefill", "CLOSE_WAIT"):
+        assert said in shown.stdout, said
+    missing = mlx_watchdog("history", "--config", str(config_file), "--show", "99")
+    assert missing.returncode == 3 and "no incident #99" in missing.stderr
     assert restart.outcome == "recovered"
 
 
@@ -125,7 +140,7 @@ def test_a_client_resending_the_same_prompt_is_named_a_retry_loop_in_numbers(
     until(lambda: healthy(t), 30, "the server to serve")
     for n in (1, 2, 3):
         assert send(f"http://127.0.0.1:{port}", LONG, timeout=1.0) == "gave up"
-        until(lambda: kinds(t).count("recovered") == n, 30, f"incident {n} to clear")
+        until(lambda n=n: kinds(t).count("recovered") == n, 30, f"incident {n} to clear")
         until(lambda: healthy(t), 30, "the server to serve again")
     incidents = t.daemon.store.incidents(0.0)
     assert len(incidents) == 3

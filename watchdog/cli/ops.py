@@ -23,6 +23,8 @@ from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 if TYPE_CHECKING:
     from rich.console import Group
 
+    from mlx_watchdog.record.store import Store
+
 
 @click.command()
 @config_option
@@ -148,7 +150,19 @@ def _ms(value: float | None) -> str:
 @click.option("--since", default="7d", show_default=True, help='How far back, e.g. "24h".')
 @click.option("--server", "server_name", help="Only this server's incidents.")
 @click.option("--json", "as_json", is_flag=True, help="Print the incidents as JSON.")
-def history(config_path: Path | None, since: str, server_name: str | None, as_json: bool) -> None:
+@click.option(
+    "--show",
+    "number",
+    type=click.IntRange(min=1),
+    help="One incident in full: its evidence, what was done, the server's last words.",
+)
+def history(
+    config_path: Path | None,
+    since: str,
+    server_name: str | None,
+    as_json: bool,
+    number: int | None,
+) -> None:
     """List incidents: start, end, outage, reason, actions and outcome."""
     import json
 
@@ -170,6 +184,8 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
         sys.exit(UNKNOWN_EXIT)
     store = open_history(cfg.watchdog.state_dir, create=False)
     try:
+        if number is not None:
+            sys.exit(_show(store, number, as_json))
         incidents = store.incidents(time.time() - window, server_name)
     finally:
         store.close()
@@ -206,6 +222,56 @@ def history(config_path: Path | None, since: str, server_name: str | None, as_js
         for a in i.actions:
             if a.get("action") == "wait":
                 out.print(f"    [cyan]wait:[/cyan] {escape(str(a.get('detail')))}", soft_wrap=True)
+
+
+def _show(store: Store, number: int, as_json: bool) -> int:
+    """One incident in full, with the dumps taken before its restarts."""
+    import dataclasses
+    import json
+
+    incident = store.incident(number)
+    if incident is None:
+        err.print(f"[red]error:[/red] no incident #{number} in the history")
+        return UNKNOWN_EXIT
+    dumps = store.dumps(number)
+    if as_json:
+        click.echo(json.dumps({**dataclasses.asdict(incident), "dumps": dumps}, indent=2))
+        return 0
+    i = incident
+    end = "still open" if i.closed_at is None else f"closed {_clock(i.closed_at)}"
+    out.print(f"[bold]#{i.id}[/bold] {i.server} {i.state} from {_clock(i.began_at)}, {end}")
+    out.print(f"  {escape(i.reason)}", soft_wrap=True)
+    if i.advice:
+        out.print(f"  [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
+    for a in i.actions:
+        detail = a.get("detail") or ""
+        out.print(f"  {escape(str(a.get('action')))}: {a.get('outcome')} {escape(str(detail))}")
+    if i.outcome:
+        out.print(f"  outcome: {escape(i.outcome)}", soft_wrap=True)
+    for d in dumps:
+        _dump(d)
+    return 0
+
+
+def _dump(d: dict[str, Any]) -> None:
+    at = d.get("at")
+    when = _clock(at) if isinstance(at, (int, float)) else "?"
+    out.print(
+        f"\n[bold]before the restart[/bold] ({when}, PID {d.get('pid')}, took {d.get('took_s')} s)"
+    )
+    stack = d.get("stack")
+    out.print("[dim]stacks:[/dim]")
+    click.echo(stack.rstrip() if isinstance(stack, str) else f"  ({d.get('stack_problem')})")
+    tail = d.get("log_tail")
+    if isinstance(tail, str):
+        out.print("[dim]the server's log, its last lines:[/dim]")
+        click.echo("\n".join(tail.rstrip().splitlines()[-40:]))
+    elif d.get("log_problem"):
+        out.print(f"[dim]the server's log:[/dim] {escape(str(d['log_problem']))}")
+    sockets = d.get("sockets")
+    if isinstance(sockets, list) and sockets:
+        out.print("[dim]its sockets:[/dim]")
+        click.echo("\n".join(f"  {s}" for s in sockets))
 
 
 def _clock(at: float, short: bool = False) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
+from mlx_watchdog.sense.dump import Dump, take
 
 
 class Conflict(Exception):
@@ -46,3 +48,5 @@ class Crew:
     sink: Sink
     clock: Callable[[], float] = time.time  # wall time, for what is recorded and shown
     monotonic: Callable[[], float] = time.monotonic  # spans: probe waits, down and busy times
+    # The server's last words before a restart (stacks, log tail, sockets), within 2 s.
+    dump: Callable[[int | None, Path | None], Dump] = take

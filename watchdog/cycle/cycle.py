@@ -20,7 +20,7 @@ from mlx_watchdog.cycle.crew import Conflict, Crew
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, clearing, triggers
-from mlx_watchdog.judge.advice import Abandoned, incident_advice, retry_loop
+from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.clearing import Clearing, Cure
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
@@ -133,12 +133,11 @@ class Cycle:
         )
         if v.state not in BAD_STATES:
             return
-        advice = self._advice(v)
         if self.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
-            self._detected(v, now - (v.evidence.waited_s or 0.0), advice)
-        elif advice:  # more clients may have given up
-            self.store.set_advice(self.incident.id, _joined(self.incident.loop, advice) or advice)
+            self._detected(v, now - (v.evidence.waited_s or 0.0))
+        else:  # more clients may have given up
+            self._advise(v)
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             # One wait an incident: a wait given up is not begun again before a restart.
@@ -194,14 +193,14 @@ class Cycle:
             self.checker.load.forget()
             self.streak = Streak()
 
-    def _advice(self, v: Verdict) -> str | None:
-        waits = list(v.evidence.gave_up_after_s)
-        told = self.incident.advised_waits if self.incident else []
-        if not waits or waits == told:
+    def _advise(self, v: Verdict) -> str | None:
+        if self.incident is None:
             return None
-        if self.incident is not None:
-            self.incident.advised_waits = list(waits)
-        return incident_advice(waits, self.store.last_calibration(self.server.name))
+        calibration = functools.partial(self.store.last_calibration, self.server.name)
+        advice = self.incident.advice(v.evidence.gave_up_after_s, calibration)
+        if advice:
+            self.store.set_advice(self.incident.id, advice)
+        return advice
 
     # -- events -----------------------------------------------------------------------------
 
@@ -225,20 +224,19 @@ class Cycle:
         self.crew.sink.event(name, kind, dict(data))
         self.crew.alerter.send(Event(kind, name, now, message, state, dict(data)))
 
-    def _detected(self, v: Verdict, began: float, advice: str | None) -> None:
+    def _detected(self, v: Verdict, began: float) -> None:
         """Open the incident: in memory always, in the history when it can be written."""
         now = self.clock()
-        seen = abandoned_lately(self.store, self.server.name, now)
-        loop = retry_loop([*seen, *filter(None, [Abandoned.of(v.evidence.to_json())])])
-        self.incident = OpenIncident(began, v.state, loop=loop)
-        self.incident.advised_waits = list(v.evidence.gave_up_after_s)
-        advice = _joined(loop, advice)
+        seen = [
+            *abandoned_lately(self.store, self.server.name, now),
+            Abandoned.of(v.evidence.to_json()),
+        ]
+        self.incident = OpenIncident(began, v.state, loop=retry_loop([a for a in seen if a]))
         self.tally.opened.append(now)
         self.incident.id = self.store.open_incident(
             self.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
         )
-        if advice:
-            self.store.set_advice(self.incident.id, advice)
+        advice = self._advise(v)
         message = f"{v.reason}. {advice}" if advice else v.reason
         self.transition(Phase.FAILING, E.DETECTED, message, advice=advice, **v.evidence.brief())
 
@@ -293,6 +291,9 @@ class Cycle:
                 self.refused_said = True
                 self.emit(E.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
+        dump = self.crew.dump(pid, self.server.log_file)  # what the restart throws away
+        incident = self.incident.id if self.incident else None
+        self.store.add_dump(self.server.name, incident, dump.at, dump.to_json())
         # A person's drain stays after the restart.
         drains = self.server.restart.drain and not self.draining
         drain = Drain(self.drain, self.undrain) if drains else None
@@ -427,7 +428,3 @@ class Cycle:
         said = self.sight.look(self.blindness(mono, interval), state)
         if said is not None:
             self.emit(*said)
-
-
-def _joined(*parts: str | None) -> str | None:
-    return "; ".join(p for p in parts if p) or None

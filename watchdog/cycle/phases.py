@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+from mlx_watchdog.judge.advice import incident_advice
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.record.store import Ref
 
@@ -56,4 +59,16 @@ class OpenIncident:
     id: Ref = None  # its row in the history (written behind: its id once written)
     advised_waits: list[float] = field(default_factory=list)  # what the advice says
     loop: str | None = None  # a retry loop named when it opened
+    told: bool = False  # its advice was given (when it opened)
     waited: bool = False  # for an abandoned prefill: once an incident, then restarts only
+
+    def advice(
+        self, waits: Sequence[float], calibration: Callable[[], dict[str, Any] | None]
+    ) -> str | None:
+        """What to tell people, when more clients gave up than they were told of (and when
+        it opened): the retry loop it opened with, then the timeouts clients need."""
+        if self.told and (not waits or list(waits) == self.advised_waits):
+            return None
+        self.told, self.advised_waits = True, list(waits)
+        told = incident_advice(waits, calibration()) if waits else None
+        return "; ".join(p for p in (self.loop, told) if p) or None

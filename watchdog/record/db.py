@@ -66,6 +66,16 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     # From a restart's start to the first token after it: what a restart costs this server.
     ("0004_restart_served_s", "ALTER TABLE restarts ADD COLUMN served_s REAL"),
+    # The server's last words before a restart: stacks, log tail, sockets (sense/dump.py).
+    (
+        "0005_dumps",
+        """
+        CREATE TABLE dumps (
+            id INTEGER PRIMARY KEY, server TEXT NOT NULL, incident INTEGER, at REAL NOT NULL,
+            doc TEXT NOT NULL);
+        CREATE INDEX dumps_incident ON dumps (incident);
+        """,
+    ),
 ]
 
 HISTORY_FILE = "history.db"

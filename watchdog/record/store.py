@@ -30,6 +30,7 @@ from mlx_watchdog.record.rows import (
 )
 
 HISTORY_FILE = "history.db"
+DUMPS_KEPT = 50  # per server: a dump is up to about 100 kB
 PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
 PRUNE_EVERY = 500  # probes of one server between two prunings of its rows
 READ_WAIT = 0.5  # a read waits this long at most for the writes queued before it
@@ -220,11 +221,29 @@ class Store:
         rows = self._rows(sql + " ORDER BY opened_at", args)
         return [incident_row(r) for r in rows]
 
+    def incident(self, number: int) -> Incident | None:
+        rows = self._rows("SELECT * FROM incidents WHERE id = ?", (number,))
+        return incident_row(rows[0]) if rows else None
+
     def set_advice(self, incident: Ref, advice: str) -> None:
         if incident is not None:
             self._write("UPDATE incidents SET advice = ? WHERE id = ?", (advice, incident))
 
     # -- calibrations -----------------------------------------------------------------------
+
+    def add_dump(self, server: str, incident: Ref, at: float, dump: dict[str, Any]) -> None:
+        """Kept with its incident; the newest DUMPS_KEPT of each server only."""
+        self._write(
+            "INSERT INTO dumps (server, incident, at, doc) VALUES (?, ?, ?, ?)",
+            (server, incident, at, json.dumps(dump)),
+            then="DELETE FROM dumps WHERE server = ? AND id NOT IN "
+            "(SELECT id FROM dumps WHERE server = ? ORDER BY id DESC LIMIT ?)",
+            then_args=(server, server, DUMPS_KEPT),
+        )
+
+    def dumps(self, incident: int) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT doc FROM dumps WHERE incident = ? ORDER BY at", (incident,))
+        return [doc(r["doc"], {}) for r in rows]
 
     def save_calibration(self, server: str, at: float, doc: dict[str, Any]) -> None:
         self._write(

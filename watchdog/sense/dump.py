@@ -1,0 +1,146 @@
+"""What a bug report upstream needs, taken just before a restart throws it away.
+
+mlx-lm #1834 (a deadlock, `/v1/models` 200 for 12 days) and #1493 (a hang at 0% CPU after the
+prefill) were reported without a stack or the server's last words. Before a restart the watchdog
+keeps the server's Python stacks (`py-spy dump` where it is installed and the OS permits it;
+macOS `sample`), the last lines of its log and its socket table, all within BUDGET seconds: the
+restart waits that long at most. Each part that cannot be had says why instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+BUDGET = 2.0  # seconds the whole dump may delay a restart
+STACK_MAX = 64 * 1024  # characters of stacks kept
+LOG_TAIL_MAX = 32 * 1024  # bytes of the log's end kept (whole lines)
+SOCKETS_MAX = 200
+
+
+@dataclass(frozen=True)
+class Dump:
+    at: float  # wall time it was taken
+    pid: int | None
+    stack: str | None = None
+    stack_problem: str | None = None
+    log_tail: str | None = None
+    log_problem: str | None = None
+    sockets: tuple[str, ...] = field(default_factory=tuple)
+    took_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["sockets"] = list(self.sockets)
+        return doc
+
+
+Run = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def take(
+    pid: int | None,
+    log_file: Path | None,
+    *,
+    budget: float = BUDGET,
+    run: Run = subprocess.run,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+) -> Dump:
+    """The server's stacks, log tail and sockets, within `budget` seconds."""
+    start = clock()
+    tail, log_problem = _log_tail(log_file)
+    sockets = _sockets(pid)
+    stack, stack_problem = _stack(pid, max(0.1, budget - (clock() - start)), run)
+    return Dump(
+        at=wall(),
+        pid=pid,
+        stack=stack,
+        stack_problem=stack_problem,
+        log_tail=tail,
+        log_problem=log_problem,
+        sockets=sockets,
+        took_s=round(clock() - start, 3),
+    )
+
+
+def stack_command(pid: int) -> list[str] | None:
+    """How this OS dumps a process's stacks: py-spy (beside this Python, or on PATH); on macOS,
+    where py-spy needs root, `sample` for a user."""
+    beside = Path(sys.executable).parent / "py-spy"
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
+    mac = sys.platform == "darwin"
+    if mac and os.geteuid() != 0 and shutil.which("sample"):
+        return ["sample", str(pid), "1", "-file", "/dev/stdout"]
+    return None if spy is None else [spy, "dump", "--pid", str(pid)]
+
+
+def _stack(pid: int | None, timeout: float, run: Run) -> tuple[str | None, str | None]:
+    if pid is None:
+        return None, "no server process to dump"
+    argv = stack_command(pid)
+    if argv is None:
+        return None, "py-spy is not installed (pip install py-spy)"
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"{Path(argv[0]).name} took longer than {timeout:.1f} s"
+    except OSError as exc:
+        return None, f"{Path(argv[0]).name} could not run: {exc.strerror or exc}"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout or "").strip().splitlines()
+        why = said[-1][:300] if said else f"exit {done.returncode}"
+        return None, f"{Path(argv[0]).name} failed: {why}"
+    return done.stdout[:STACK_MAX], None
+
+
+def _log_tail(path: Path | None) -> tuple[str | None, str | None]:
+    if path is None:
+        return None, None
+    try:
+        # Non-blocking, regular files only: a FIFO where the log was must not hang a restart.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            fh.seek(max(0, st.st_size - LOG_TAIL_MAX))
+            data = fh.read(LOG_TAIL_MAX)
+    except OSError as exc:
+        return None, f"cannot read the server's log {path}: {exc.strerror or exc}"
+    if len(data) == LOG_TAIL_MAX and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]  # from the first whole line
+    return data.decode("utf-8", errors="replace"), None
+
+
+def _sockets(pid: int | None) -> tuple[str, ...]:
+    if pid is None:
+        return ()
+    try:
+        conns = psutil.Process(pid).net_connections("tcp")
+    except (psutil.Error, OSError) as exc:
+        return (f"cannot list its sockets: {exc}",)
+    lines = [
+        f"{_addr(c.laddr)} <- {_addr(c.raddr)} {c.status}"
+        if c.raddr
+        else f"{_addr(c.laddr)} {c.status}"
+        for c in conns[:SOCKETS_MAX]
+    ]
+    if len(conns) > SOCKETS_MAX:
+        lines.append(f"... and {len(conns) - SOCKETS_MAX} more")
+    return tuple(lines)
+
+
+def _addr(a: Any) -> str:
+    return f"{a.ip}:{a.port}" if a else "-"
