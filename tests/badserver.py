@@ -18,6 +18,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 CHUNK = {
     "object": "chat.completion.chunk",
@@ -81,6 +82,8 @@ class Handler(socketserver.BaseRequestHandler):
             self.hostile(sock, hostile)
             return
         mode = self.server.mode
+        if self.server.cancels(sock, method, path, body):
+            return
         report = REPORTS.get((self.server.kind, path))
         if method == "GET" and report is not None and mode == "report_hang":
             self.server.stop.wait()  # its report comes from a main loop that is stuck
@@ -327,6 +330,29 @@ class Handler(socketserver.BaseRequestHandler):
             with contextlib.suppress(OSError):
                 self.gen_ok(sock)
 
+    def gen_cancellable(self, sock: socket.socket) -> None:
+        """One request at a time. A long prompt (over 4 kB of body) holds the slot until it is
+        cancelled through the server's own route (its kind's: vllm-mlx and Rapid-MLX by id,
+        SGLang all at once); a short one waits for the slot, then answers."""
+        srv = self.server
+        work = srv.register(len(self.body) // 4)
+        try:
+            while not srv.slot.acquire(timeout=0.05):
+                if work["cancelled"].is_set():
+                    return
+            try:
+                work["status"], work["phase"] = "running", "prefill"
+                if len(self.body) > 4000:
+                    work["cancelled"].wait()
+                    logging.info("cancelled %s", work["request_id"])
+                    return
+                with contextlib.suppress(OSError):
+                    self.gen_ok(sock)
+            finally:
+                srv.slot.release()
+        finally:
+            srv.unregister(work)
+
     @staticmethod
     def rst(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -362,8 +388,75 @@ class Server(socketserver.ThreadingTCPServer):
         self.progress = 100.0
         self.work_started: float | None = None
         self.hostile: dict[str, dict[str, object]] = {}
+        self.work: dict[str, dict[str, Any]] = {}  # requests by id (mode cancellable)
+        self.counter = 0
         self.rate = 2000.0  # prefill tokens a second (mode prefill)
         self.stall_at = 0.0
+
+    def register(self, tokens: int) -> dict[str, Any]:
+        with self.lock:
+            self.counter += 1
+            work = {
+                "request_id": f"chatcmpl-{self.counter}",
+                "arrival": time.time(),
+                "prompt_tokens": tokens,
+                "status": "waiting",
+                "phase": "queued",
+                "cancelled": threading.Event(),
+            }
+            self.work[str(work["request_id"])] = work
+            return work
+
+    def unregister(self, work: dict[str, Any]) -> None:
+        with self.lock:
+            self.work.pop(str(work["request_id"]), None)
+
+    def cancels(self, sock: socket.socket, method: str, path: str, body: bytes) -> bool:
+        """The cancel routes of the kind emulated (shapes: act/cancel.py's sources)."""
+        by_id = self.kind in ("vllm-mlx", "rapid-mlx")
+        if by_id and method == "GET" and path == "/v1/status":
+            now = time.time()
+            with self.lock:
+                listed = [
+                    {
+                        "request_id": w["request_id"],
+                        "status": w["status"],
+                        "phase": w["phase"],
+                        "elapsed_s": round(now - w["arrival"], 2),
+                        "prompt_tokens": w["prompt_tokens"],
+                    }
+                    for w in self.work.values()
+                ]
+            doc = {"status": "generating" if listed else "idle", "requests": listed}
+            sock.sendall(head(200, "application/json") + json.dumps(doc).encode())
+            return True
+        target = path.removeprefix("/v1/requests/").removesuffix("/cancel")
+        if by_id and path.startswith("/v1/requests/") and method in ("POST", "DELETE"):
+            with self.lock:
+                work = self.work.get(target)
+            if work is None:
+                error = {"detail": "Request not found or already finished"}
+                sock.sendall(
+                    head(404, "application/json", "Not Found") + json.dumps(error).encode()
+                )
+                return True
+            work["cancelled"].set()
+            done = {"object": "request.cancel", "id": target, "cancelled": True}
+            sock.sendall(head(200, "application/json") + json.dumps(done).encode())
+            return True
+        if self.kind == "sglang" and method == "POST" and path == "/abort_request":
+            asked = json.loads(body or b"{}")
+            with self.lock:
+                chosen = [
+                    w
+                    for w in self.work.values()
+                    if asked.get("abort_all") or w["request_id"] == asked.get("rid")
+                ]
+            for w in chosen:
+                w["cancelled"].set()
+            sock.sendall(head(200, "application/json"))
+            return True
+        return False
 
     def load_state(self) -> tuple[int, int, float]:
         with self.lock:
@@ -418,6 +511,13 @@ REPORTS: dict[tuple[str, str], Report] = {
         }
     ),
     ("ollama", "/api/ps"): lambda s: _json({"models": [{"name": "bad-model", "size_vram": 1}]}),
+    ("sglang", "/metrics"): lambda s: _prom(
+        {
+            'sglang:num_running_reqs{model_name="m"}': s[0],
+            'sglang:num_queue_reqs{model_name="m"}': s[1],
+            'sglang:generation_tokens_total{model_name="m"}': s[2],
+        }
+    ),
 }
 
 

@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+import pytest
+
 from mlx_watchdog.config import effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import send
@@ -152,3 +155,62 @@ def test_a_client_resending_the_same_prompt_is_named_a_retry_loop_in_numbers(
     assert "it will never succeed until its timeout is above 10 s" in advice
     detected = [e for e in t.daemon.store.events() if e.kind == "detected"][-1]
     assert "a client resends a ~10k-token prompt" in detected.message
+
+
+# -- cancelling through the server's own route ------------------------------------------------
+
+
+def cancel_config(tmp_path: Path, port: int, kind: str, mode: str = "cancellable") -> dict:
+    doc = prefill_config(tmp_path, port, "--kind", kind)
+    server = doc["server"][0]  # type: ignore[index]
+    server["kind"] = kind
+    server["command"] = badserver_argv(port, mode, "--kind", kind)
+    return doc
+
+
+@pytest.mark.parametrize("kind", ["vllm-mlx", "rapid-mlx", "sglang"])
+def test_the_abandoned_request_is_cancelled_through_the_servers_route_not_restarted(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread], kind: str
+) -> None:
+    port = free_port()
+    t = run_daemon(Daemon(parse_config(cancel_config(tmp_path, port, kind))))
+    until(lambda: healthy(t), 30, "the server to serve")
+    w = t.daemon.cycles["owned"]
+    pid = w.manager.pid()
+    assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
+    until(lambda: "recovered" in kinds(t), 30, "the server to serve after the cancel")
+    assert kinds(t) == ["detected", "clearing", "recovered"]
+    assert t.daemon.store.restarts("owned", 0.0) == [] and w.manager.pid() == pid
+    clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
+    assert clearing.message.startswith("cancelling the abandoned requests through the server")
+    sent = "abort_all" if kind == "sglang" else "cancelled 1 of 1 request(s) of clients that left"
+    assert sent in clearing.message
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert [(a["action"], a["outcome"]) for a in incident.actions] == [
+        ("cancel", "sent"),
+        ("cancel", "cleared"),
+    ]
+    assert (incident.outcome or "").startswith("served again ")
+    assert "cancelled chatcmpl-" in (tmp_path / "server.log").read_text()
+
+
+def test_a_cancel_the_server_refuses_ends_in_a_restart_that_says_so(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """vllm-mlx by kind, but its status route answers garbage: no id to cancel, a restart."""
+    port = free_port()
+    doc = cancel_config(tmp_path, port, "vllm-mlx")
+    t = run_daemon(Daemon(parse_config(doc)))
+    until(lambda: healthy(t), 30, "the server to serve")
+    w = t.daemon.cycles["owned"]
+    first = w.manager.pid()
+    garbage = {"/v1/status": {"status": 200, "body": '{"requests": "none of your business"}'}}
+    httpx.post(f"http://127.0.0.1:{port}/_hostile", json=garbage, timeout=5)
+    assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
+    until(lambda: "recovered" in kinds(t), 60, "the server restarted")
+    assert kinds(t) == ["detected", "restarting", "recovered"]
+    restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
+    assert 'cancelling failed (GET /v1/status: no "requests" list)' in restarting.message
+    assert w.manager.pid() not in (None, first)
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert [a["action"] for a in incident.actions] == ["cancel", "restart (process)"]

@@ -18,9 +18,13 @@ Kind = Literal[
     "lmstudio",
     "ollama",
     "vllm",
+    "sglang",
     "openai",
 ]
 Format = Literal["prometheus", "json"]
+# How a server cancels a request on demand: all at once (SGLang), or each by the id its own
+# status route lists (vllm-mlx, Rapid-MLX). See act/cancel.py.
+Cancel = Literal["abort_all", "by_id"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Profile:
     fans_out: bool = False  # a request with n > 1 reports as n running requests
     health: str | None = None
     load: LoadRoute | None = None
+    cancel: Cancel | None = None
     failure_modes: tuple[tuple[str, str], ...] = ()  # (what goes wrong, what avoids it)
 
 
@@ -129,6 +134,7 @@ PROFILES: dict[Kind, Profile] = {
             match="vllm-mlx",
             health="/health",
             load=LoadRoute("/health", "json", running=("active_requests",)),
+            cancel="by_id",
             failure_modes=(
                 (
                     '/health says "healthy" while requests queue behind a stuck one',
@@ -148,6 +154,7 @@ PROFILES: dict[Kind, Profile] = {
                 waiting=("rapid_mlx_requests_waiting",),
                 progress=("rapid_mlx_steps_executed_total",),
             ),
+            cancel="by_id",
             failure_modes=(
                 (
                     "aborted requests can leak running slots until nothing is served, while "
@@ -244,6 +251,22 @@ PROFILES: dict[Kind, Profile] = {
                 waiting=("vllm:num_requests_waiting",),
                 progress=("vllm:iteration_tokens_total_count",),
             ),
+        ),
+        Profile(
+            "sglang",
+            "SGLang",
+            match="sglang",
+            # Not /health_generate: it generates a token per call, waits 1 s at least and up
+            # to 20 s, and a call the watchdog gives up on is one more abandoned request.
+            load=LoadRoute(
+                "/metrics",
+                "prometheus",
+                running=("sglang:num_running_reqs",),
+                waiting=("sglang:num_queue_reqs",),
+                progress=("sglang:generation_tokens_total",),
+                enable="start SGLang with --enable-metrics",
+            ),
+            cancel="abort_all",
         ),
         Profile("openai", "any OpenAI-compatible server", match=""),
     )

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from mlx_watchdog.act.cancel import Cancelled, cancel_abandoned
 from mlx_watchdog.act.ladder import Ladder
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
@@ -50,3 +52,5 @@ class Crew:
     monotonic: Callable[[], float] = time.monotonic  # spans: probe waits, down and busy times
     # The server's last words before a restart (stacks, log tail, sockets), within 2 s.
     dump: Callable[[int | None, Path | None], Dump] = take
+    # Cancelling the requests of clients that left, where the server's kind can.
+    cancel: Callable[[ServerConfig, float], Cancelled] = cancel_abandoned

@@ -22,7 +22,7 @@ from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, clearing, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
-from mlx_watchdog.judge.clearing import Clearing, Cure
+from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -140,38 +140,52 @@ class Cycle:
             self._advise(v)
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
-            # One wait an incident: a wait given up is not begun again before a restart.
-            first = self.incident is not None and not self.incident.waited
-            if (
-                trigger is Trigger.WEDGED
-                and self.phase is Phase.FAILING
-                and (self.clearing or first)
-            ):
-                cure = clearing.choose(
-                    v.evidence, self.tally.restart_cost(), self.clearing, self.monotonic()
-                )
-                if self._waits(cure):
+            if trigger is Trigger.WEDGED and self.phase is Phase.FAILING:
+                why = self._cure(v)
+                if why is None:
                     return
-                reason = f"{reason}; {cure.why}"
+                reason = f"{reason}; {why}" if why else reason
             self.restart(trigger.value, reason)
 
-    def _waits(self, cure: Cure) -> bool:
-        """Wait for the abandoned prefill (said when the wait begins), or end the wait."""
+    def _cure(self, v: Verdict) -> str | None:
+        """Cancel or wait (None), or why a restart is the cure (judge/clearing.py chooses)."""
+        if self.clearing is None and (self.incident is None or self.incident.waited):
+            return ""  # one wait an incident: after one given up, restarts only
+        can_cancel = self.server.profile.cancel is not None
+        cure = clearing.choose(
+            v.evidence,
+            self.tally.restart_cost(),
+            self.clearing,
+            self.monotonic(),
+            can_cancel=can_cancel and not isinstance(self.manager, NoManager),
+        )
         began, self.clearing = self.clearing, cure.wait
-        if cure.wait is None and began is not None:
-            self._waited("gave up", cure.why)
-        elif cure.wait is not None and began is None and self.incident is not None:
-            self.incident.waited = True
-            self.transition(
-                Phase.FAILING,
-                E.CLEARING,
-                cure.why,
-                within_s=round(cure.wait.until - cure.wait.began, 1),
-            )
-        return cure.wait is not None
+        if cure.wait is None:
+            if began is not None:
+                self._waited(began, "gave up", cure.why)
+            return cure.why
+        if began is not None or self.incident is None:
+            return None  # a wait goes on
+        self.incident.waited = True
+        said = cure.why
+        if cure.wait.cancel:
+            done = self.crew.cancel(self.server, v.evidence.waited_s or 0.0)
+            self._waited(cure.wait, "sent" if done.ok else "failed", done.detail)
+            if not done.ok:
+                self.clearing = None
+                return f"cancelling failed ({done.detail})"
+            said = f"{said}; {done.detail}"
+        within = round(cure.wait.until - cure.wait.began, 1)
+        self.transition(Phase.FAILING, E.CLEARING, said, within_s=within)
+        return None
 
-    def _waited(self, outcome: str, detail: str) -> None:
-        action = {"at": self.clock(), "action": "wait", "outcome": outcome, "detail": detail}
+    def _waited(self, wait: Clearing, outcome: str, detail: str) -> None:
+        action = {
+            "at": self.clock(),
+            "action": "cancel" if wait.cancel else "wait",
+            "outcome": outcome,
+            "detail": detail,
+        }
         self.store.add_action(self.incident.id if self.incident else None, action)
 
     def _count_gave_up(self) -> None:
@@ -241,10 +255,11 @@ class Cycle:
         self.transition(Phase.FAILING, E.DETECTED, message, advice=advice, **v.evidence.brief())
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
-        if self.clearing is not None:
-            how = f"cleared without a restart: {self.clearing.waited(self.monotonic())}"
-            self._waited("cleared", f"{how}; {self.clearing.cost.describe()}")
-            self.clearing = None
+        wait, self.clearing = self.clearing, None
+        if wait is not None:
+            how = "served again" if wait.cancel else "cleared without a restart:"
+            how = f"{how} {wait.waited(self.monotonic())}"
+            self._waited(wait, "cleared", f"{how}; {wait.cost.describe()}")
         self.streak = Streak()
         self.refused_said = False
         self.tally.last_token_at = at
@@ -316,9 +331,9 @@ class Cycle:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
         still counts it."""
         started = self._restart_began = self.clock()
-        if self.clearing is not None:  # a person's restart during a wait
-            self._waited("ended by a restart", self.clearing.waited(self.monotonic()))
-            self.clearing = None
+        wait, self.clearing = self.clearing, None
+        if wait is not None:  # a person's restart during a wait
+            self._waited(wait, "ended by a restart", wait.waited(self.monotonic()))
         self.tally.restarts_here.append(self.monotonic())
         self.tally.last_restart = LastRestart(started, trigger)
         self._restart_row = self.store.start_restart(self.server.name, started, trigger)

@@ -1,4 +1,4 @@
-"""The cheaper cure for a wedge: wait for the abandoned prefill to finish, or restart. Pure.
+"""The cheaper cure for a wedge: cancel the abandoned work, wait for it, or restart. Pure.
 
 A restart loads the model again and drops every client's prompt cache. When the only abandoned
 work is the prefill in flight and the server's own log says it ends sooner than a restart would
@@ -6,6 +6,8 @@ bring the server back, waiting costs less: the server is "clearing", judged agai
 and restarted if it has not served by the prefill's expected end plus a margin. With no progress
 to read (mlx-lm logs none under --draft-model), a prefill that stopped stepping, or abandoned
 requests queued behind the one in flight, the cure is a restart, and its reason says why.
+Cheaper still, where the server's kind cancels requests on demand and only clients that left
+are connected: cancel their requests, and restart only if no token follows.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ MARGIN_S = 5.0  # past the prefill's expected end, before the wait is given up
 MARGIN_SHARE = 0.25  # and a quarter of what its rate says is left: rates vary
 STALL_STEPS = 3.0  # a prefill that logged nothing for this many of its steps has stopped
 STALL_MIN_S = 10.0
+CANCEL_VERIFY_S = 15.0  # after a cancel, a token within this long or a restart
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,11 @@ class Clearing:
     until: float  # its expected end plus the margin
     total: int  # the prompt tokens of the prefill waited for
     cost: RestartCost
+    cancel: bool = False  # the abandoned requests were cancelled: waiting for the token
 
     def waited(self, now: float) -> str:
+        if self.cancel:
+            return f"{now - self.began:.1f} s after cancelling the abandoned requests"
         return f"waited {now - self.began:.1f} s for the abandoned prefill"
 
 
@@ -62,10 +68,27 @@ class Cure:
     why: str
 
 
-def choose(e: Evidence, cost: RestartCost, clearing: Clearing | None, now: float) -> Cure:
-    """Wait or restart, for a wedged verdict's evidence; `clearing` is the wait under way."""
+def choose(
+    e: Evidence,
+    cost: RestartCost,
+    clearing: Clearing | None,
+    now: float,
+    *,
+    can_cancel: bool = False,
+) -> Cure:
+    """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the wait under
+    way. `can_cancel`: the server's kind cancels requests on demand."""
     if clearing is not None:
         return _still(e, clearing, now)
+    if can_cancel and e.live_connections == 0 and (e.abandoned_connections or 0) >= 1:
+        # Only clients that left are connected: whatever the server works on is theirs.
+        wait = Clearing(now, now + CANCEL_VERIFY_S, e.prefill_total or 0, cost, cancel=True)
+        return Cure(
+            wait,
+            f"cancelling the abandoned requests through the server's own route instead of "
+            f"restarting ({cost.describe()}); restarting if it has not served within "
+            f"{CANCEL_VERIFY_S:.0f} s",
+        )
     if (e.abandoned_connections or 0) > 1:
         return Cure(None, f"restarting rather than waiting: {_queued(e)}")
     if e.prefill_total is None or e.prefill_done is None:
@@ -106,6 +129,10 @@ def choose(e: Evidence, cost: RestartCost, clearing: Clearing | None, now: float
 def _still(e: Evidence, clearing: Clearing, now: float) -> Cure:
     """The wait goes on until the server serves, unless it is plainly not clearing."""
     waited = clearing.waited(now)
+    if clearing.cancel:
+        if now < clearing.until:
+            return Cure(clearing, waited)
+        return Cure(None, f"{waited}, no token yet; {clearing.cost.describe()}")
     if (e.abandoned_connections or 0) > 1:
         return Cure(None, f"{waited}, then {_queued(e)}")
     if now >= clearing.until:

@@ -171,12 +171,41 @@ def get(
 
     Raises httpx.HTTPError: Overdue, TooLarge, or the connection's own error.
     """
+    return send(
+        "GET",
+        url,
+        headers=headers,
+        deadline=deadline,
+        cap=cap,
+        transport=transport,
+        verify=verify,
+        on_connect=on_connect,
+    )
+
+
+def send(
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str],
+    deadline: float,
+    cap: int,
+    body: bytes | None = None,
+    transport: httpx.BaseTransport | None = None,
+    verify: Any = True,
+    on_connect: Callable[[Address], None] | None = None,
+) -> tuple[int, bytes]:
+    """`method` `url` (with `body`): (status, body) within `deadline` seconds and `cap` bytes."""
     with Cutoff(deadline) as cutoff:
         try:
             with (
                 httpx.Client(timeout=deadline, transport=transport, verify=verify) as client,
                 client.stream(
-                    "GET", url, headers=headers, extensions={"trace": cutoff.trace(on_connect)}
+                    method,
+                    url,
+                    headers=headers,
+                    content=body,
+                    extensions={"trace": cutoff.trace(on_connect)},
                 ) as response,
             ):
                 return response.status_code, read_capped(response, cap, cutoff)

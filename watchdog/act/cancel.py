@@ -1,0 +1,124 @@
+"""Cancelling abandoned requests through the server's own route, where its kind has one.
+
+Shapes from each project's source. SGLang (sgl-project/sglang, `http_server.py` at 0025436):
+`POST /abort_request` with `{"rid": "", "abort_all": true}`, 200 with no body. vllm-mlx 0.4.1
+(waybarrios/vllm-mlx 4b654c0, `server.py`) and Rapid-MLX (raullenchai/Rapid-MLX 0059a95,
+`routes/health.py`): `GET /v1/status` lists `requests` (`request_id`, `status`, `phase`,
+`elapsed_s`, `prompt_tokens`); `POST /v1/requests/{request_id}/cancel` cancels one, 404 when it
+is unknown or finished.
+
+Called only when no live client is connected: then every request the server lists is a
+departed client's, but for the probe (the one whose age is nearest the probe's wait) and one
+younger than it (a client that came since). SGLang lists no request ids over HTTP, so it is
+told to abort all (the probe's too, which the next probe replaces).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.bounded import BadJson, load_json, send
+from mlx_watchdog.sense.request import auth_headers, tls
+
+CANCEL_TIMEOUT = 5.0  # seconds for each call
+MAX_ANSWER = 1 << 20  # bytes of a status or cancel answer
+MAX_CANCELS = 32  # requests cancelled in one go at most
+PROBE_NEAR = 1.0  # s: the listed request whose age is this near the probe's wait is the probe
+YOUNGER = 0.5  # s: a request younger than the probe by more than this came since
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    ok: bool  # the server took every cancel asked of it
+    detail: str
+    count: int = 0
+
+
+Send = Callable[..., tuple[int, bytes]]
+
+
+def cancel_abandoned(server: ServerConfig, probe_age_s: float, *, call: Send = send) -> Cancelled:
+    """Cancel the server's requests but the probe's (waiting `probe_age_s`) and newer ones."""
+    style = server.profile.cancel
+    try:
+        if style == "abort_all":
+            return _abort_all(server, call)
+        if style == "by_id":
+            return _by_id(server, probe_age_s, call)
+    except (httpx.HTTPError, OSError) as exc:
+        return Cancelled(False, f"the server's cancel route did not answer: {_said(exc)}")
+    return Cancelled(False, f"{server.profile.title} has no route to cancel a request")
+
+
+def _abort_all(server: ServerConfig, call: Send) -> Cancelled:
+    body = json.dumps({"rid": "", "abort_all": True}).encode()
+    status, _ = _call(server, call, "POST", "/abort_request", body)
+    if status != 200:
+        return Cancelled(False, f"POST /abort_request answered {status}")
+    return Cancelled(True, "POST /abort_request (abort_all) answered 200", 1)
+
+
+def _by_id(server: ServerConfig, probe_age_s: float, call: Send) -> Cancelled:
+    status, text = _call(server, call, "GET", "/v1/status")
+    if status != 200:
+        return Cancelled(False, f"GET /v1/status answered {status}")
+    try:
+        ids = abandoned_ids(load_json(text), probe_age_s)
+    except (BadJson, ValueError) as exc:
+        return Cancelled(False, f"GET /v1/status: {exc}")
+    if not ids:
+        return Cancelled(False, "GET /v1/status lists no request but the probe's")
+    done, refused = 0, []
+    for request_id in ids[:MAX_CANCELS]:
+        path = f"/v1/requests/{urllib.parse.quote(request_id, safe='')}/cancel"
+        answer, _ = _call(server, call, "POST", path)
+        if answer == 200:
+            done += 1
+        elif answer != 404:  # 404: it finished meanwhile, which is as good
+            refused.append(f"{request_id}: {answer}")
+    if refused:
+        return Cancelled(False, f"cancelled {done}; refused {', '.join(refused)}", done)
+    return Cancelled(True, f"cancelled {done} of {len(ids)} request(s) of clients that left", done)
+
+
+def abandoned_ids(doc: object, probe_age_s: float) -> list[str]:
+    """The ids in a `/v1/status` document that are neither the probe's nor newer."""
+    requests = doc.get("requests") if isinstance(doc, dict) else None
+    if not isinstance(requests, list):
+        raise ValueError('no "requests" list')
+    aged: list[tuple[str, float]] = []
+    for r in requests:
+        rid = r.get("request_id") if isinstance(r, dict) else None
+        elapsed = r.get("elapsed_s") if isinstance(r, dict) else None
+        if not isinstance(rid, str) or not 0 < len(rid) <= 200 or isinstance(elapsed, bool):
+            continue
+        if isinstance(elapsed, (int, float)):
+            aged.append((rid, float(elapsed)))
+    near = min(aged, key=lambda a: abs(a[1] - probe_age_s), default=None)
+    probe = near[0] if near is not None and abs(near[1] - probe_age_s) < PROBE_NEAR else None
+    return [rid for rid, age in aged if rid != probe and age > probe_age_s - YOUNGER]
+
+
+def _call(
+    server: ServerConfig, call: Send, method: str, path: str, body: bytes | None = None
+) -> tuple[int, bytes]:
+    headers = {**auth_headers(server), "Content-Type": "application/json"}
+    return call(
+        method,
+        server.url + path,
+        headers=headers,
+        deadline=CANCEL_TIMEOUT,
+        cap=MAX_ANSWER,
+        body=body,
+        verify=tls(),
+    )
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
