@@ -214,3 +214,18 @@ def test_a_cancel_the_server_refuses_ends_in_a_restart_that_says_so(
     assert w.manager.pid() not in (None, first)
     (incident,) = t.daemon.store.incidents(0.0)
     assert [a["action"] for a in incident.actions] == ["cancel", "restart (process)"]
+
+
+def test_least_cost_off_restarts_a_wedge_that_waiting_would_clear(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    port = free_port()
+    doc = prefill_config(tmp_path, port)
+    doc["server"][0]["restart"]["least_cost"] = False  # type: ignore[index]
+    t = run_daemon(Daemon(parse_config(doc)))
+    until(lambda: healthy(t), 30, "the server to serve")
+    assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
+    until(lambda: "recovered" in kinds(t), 30, "the server restarted")
+    assert kinds(t) == ["detected", "restarting", "recovered"]
+    restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
+    assert "rather than waiting" not in restarting.message

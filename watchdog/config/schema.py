@@ -133,6 +133,12 @@ class RestartSettings:
     backoff: float = setting(
         30.0, parse=parse_duration, show=_duration, doc="grows between attempts"
     )
+    least_cost: bool = setting(
+        True,
+        parse=parse_bool,
+        doc="cancel or wait out a client's abandoned work when cheaper than a restart; "
+        "false: a wedge is always restarted",
+    )
     drain: bool = setting(False, parse=parse_bool, doc="drain before a restart")
     drain_timeout: float = setting(
         120.0, parse=parse_duration, show=_duration, doc="wait this long for live clients"
@@ -170,7 +176,8 @@ class ServerConfig:
         "mlx_lm",
         parse=parse_kind,
         doc="mlx_lm | llama.cpp | vllm-mlx | rapid-mlx | omlx | mlx-openai-server | lmstudio "
-        "| ollama | vllm | openai: sets match, the model rule and what the server reports",
+        "| ollama | vllm | sglang | openai: sets match, the model rule and what the server "
+        "reports",
     )
     api_key_file: Path | None = setting(
         None, parse=parse_path, doc="chmod 600", example="~/.config/mlx-watchdog/api-key"

@@ -140,7 +140,8 @@ class Cycle:
             self._advise(v)
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
-            if trigger is Trigger.WEDGED and self.phase is Phase.FAILING:
+            least_cost = self.server.restart.least_cost
+            if trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
                 why = self._cure(v)
                 if why is None:
                     return

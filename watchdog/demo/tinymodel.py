@@ -56,8 +56,9 @@ def build_tokenizer(out: Path) -> int:
     return int(tok.get_vocab_size())
 
 
-def build_model(out: Path) -> Path:
-    """Write a loadable model folder into `out` and return it."""
+def build_model(out: Path, *, heads: int = 4) -> Path:
+    """Write a loadable model folder into `out` and return it. `heads=2` makes each head 32
+    wide, which a quantized KV cache (`--kv-bits 8 --kv-group-size 32`) needs."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -69,8 +70,8 @@ def build_model(out: Path) -> Path:
         "hidden_size": 64,
         "num_hidden_layers": 2,
         "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
         "rms_norm_eps": 1e-5,
         "vocab_size": vocab,
         "max_position_embeddings": 131072,
