@@ -163,3 +163,29 @@ def test_the_verdict_tells_the_prefill_the_server_logs() -> None:
     missing = judge(Observation(probe, busy, progress_problem="no log"), QUICK, 1.2)
     assert missing is not None and missing.evidence.progress_problem == "no log"
     assert "the server's log" not in missing.reason
+
+
+def test_a_launchd_jobs_log_is_the_one_its_plist_names(tmp_path: Path) -> None:
+    import plistlib
+
+    from mlx_watchdog.config import parse_config
+    from mlx_watchdog.sense.progress import server_log
+
+    def server(plist: Path, **extra: object) -> object:
+        entry = {"url": "http://127.0.0.1:8080", "manager": "launchd", "label": "l", **extra}
+        return parse_config({"server": [{**entry, "plist": str(plist)}]}).servers[0]
+
+    plist = tmp_path / "job.plist"
+    plist.write_bytes(plistlib.dumps({"Label": "l", "StandardErrorPath": "/var/log/mlx.err"}))
+    assert server_log(server(plist)) == Path("/var/log/mlx.err")  # type: ignore[arg-type]
+    plist.write_bytes(plistlib.dumps({"Label": "l", "StandardOutPath": "~/mlx.out"}))
+    assert server_log(server(plist)) == Path("~/mlx.out").expanduser()  # type: ignore[arg-type]
+    # log_file wins; a plist that names none, is garbage, too large or a FIFO names none.
+    own = server(plist, log_file=str(tmp_path / "own.log"))
+    assert server_log(own) == tmp_path / "own.log"  # type: ignore[arg-type]
+    for body in (plistlib.dumps({"Label": "l"}), b"<<not a plist>>", b"x" * (2 << 20)):
+        plist.write_bytes(body)
+        assert server_log(server(plist)) is None  # type: ignore[arg-type]
+    fifo = tmp_path / "fifo.plist"
+    os.mkfifo(fifo)
+    assert server_log(server(fifo)) is None  # type: ignore[arg-type]

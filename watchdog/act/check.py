@@ -18,7 +18,7 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
-from mlx_watchdog.sense.progress import LogProgress
+from mlx_watchdog.sense.progress import LogProgress, server_log
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
@@ -60,7 +60,7 @@ class Checker:
         self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
         self.own = OwnConnections(server.probe.hard_timeout, clock)
         self.load = LoadReader(server, clock=clock, own=self.own)
-        self.progress = LogProgress(server.log_file, wall=wall)
+        self.progress = LogProgress(server_log(server), wall=wall)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
@@ -97,8 +97,8 @@ class Checker:
         self.inspector.server = server
         self.load.server = server
         self.own.keep = server.probe.hard_timeout
-        if server.log_file != self.progress.path:
-            self.progress = LogProgress(server.log_file, wall=self.progress.wall)
+        if server_log(server) != self.progress.path:
+            self.progress = LogProgress(server_log(server), wall=self.progress.wall)
         if moved:
             self.load.forget()
 

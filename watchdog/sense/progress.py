@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import plistlib
 import re
 import stat
 import time
@@ -24,15 +25,49 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.findings import Prefill
 
 READ_MAX = 1 << 20  # bytes a look reads at most
+PLIST_MAX = 1 << 20  # bytes of a launchd job's plist read to find its log
 PREFILLS_KEPT = 16  # prompt sizes followed at once
 SHORT_PROMPT = 512  # tokens: prefilled in one step, so its lines tell nothing of a wedge
 LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
     rb"Prompt processing progress: (\d{1,9})/(\d{1,9})\s*$"
 )
+
+
+def server_log(server: ServerConfig) -> Path | None:
+    """The log the server writes: its `log_file` (manager = "process"), else the
+    StandardErrorPath (or StandardOutPath) its launchd job's plist names, where mlx-lm's
+    logging goes. A plist that cannot be read names none."""
+    if server.log_file is not None:
+        return server.log_file
+    if server.manager != "launchd" or server.plist is None:
+        return None
+    try:
+        doc = plistlib.loads(_read_regular(server.plist, PLIST_MAX))
+    except (OSError, ValueError, plistlib.InvalidFileException):
+        return None
+    for key in ("StandardErrorPath", "StandardOutPath"):
+        named = doc.get(key) if isinstance(doc, dict) else None
+        if isinstance(named, str) and named.strip() and "\0" not in named:
+            return Path(named).expanduser()
+    return None
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file, opened without blocking (a FIFO put where a
+    file was must not hang the tick)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
 
 
 @dataclass(frozen=True)
