@@ -189,3 +189,22 @@ def test_a_launchd_jobs_log_is_the_one_its_plist_names(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.plist"
     os.mkfifo(fifo)
     assert server_log(server(fifo)) is None  # type: ignore[arg-type]
+
+
+def test_a_long_prefill_that_stopped_while_the_log_went_on_is_not_told_as_going(
+    tmp_path: Path,
+) -> None:
+    """A request cancelled mid-prefill never logs its end; later lines tell the present."""
+    log = tmp_path / "server.log"
+    log.write_text(
+        line(T0, 0, 19000)
+        + line(T0 + 1, 2048, 19000)  # then nothing more of it: cancelled
+        + line(T0 + 100, 0, 30)
+        + line(T0 + 100.1, 30, 30)
+    )
+    said = LogProgress(log, wall=lambda: T0 + 101).read()
+    assert said is not None and (said.done, said.total) == (30, 30)
+    # An old finished long prompt does not hide a newer short one either.
+    log.write_text(line(T0, 0, 19000) + line(T0 + 9, 19000, 19000) + line(T0 + 50, 0, 30))
+    said = LogProgress(log, wall=lambda: T0 + 51).read()
+    assert said is not None and (said.done, said.total) == (0, 30)

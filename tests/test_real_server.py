@@ -117,7 +117,8 @@ def test_the_servers_log_tells_the_prefill_a_departed_client_left(batched_server
 
     def new_prefill() -> object:
         said = reader.read()
-        return said if said is not None and said != before and said.done >= 2048 else None
+        fresh = said is not None and said != before and said.age_s < 60
+        return said if fresh and said.done >= 2048 else None
 
     said = until(new_prefill, 120, "a prefill step in the server's log")
     assert isinstance(said, Prefill) and reader.problem is None

@@ -32,6 +32,7 @@ READ_MAX = 1 << 20  # bytes a look reads at most
 PLIST_MAX = 1 << 20  # bytes of a launchd job's plist read to find its log
 PREFILLS_KEPT = 16  # prompt sizes followed at once
 SHORT_PROMPT = 512  # tokens: prefilled in one step, so its lines tell nothing of a wedge
+GONE_AFTER = 60.0  # s: a prefill with no step while the log went on this long was dropped
 LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
     rb"Prompt processing progress: (\d{1,9})/(\d{1,9})\s*$"
@@ -136,10 +137,13 @@ class LogProgress:
     def _prefill(self) -> Prefill | None:
         if not self._prefills:
             return None
-        # A batched server interleaves its requests' lines: the latest long prompt is the one
-        # that tells something; a short one (the probe's own) prefills in one step.
-        long = [s for s in self._prefills.values() if s[-1].total >= SHORT_PROMPT]
-        steps = (long or list(self._prefills.values()))[-1]
+        # A batched server interleaves its requests' lines: a long prompt still prefilling is
+        # what tells something (a short one, the probe's own, prefills in one step); one whose
+        # steps stopped while others went on was cancelled. Else the latest prefill of all.
+        entries = list(self._prefills.values())
+        newest = max(steps[-1].at for steps in entries)
+        going = [steps for steps in entries if _going(steps, newest)]
+        steps = (going or entries)[-1]
         first, last = steps[0], steps[-1]
         span = last.at - first.at
         rate = (last.done - first.done) / span if span > 0 and last.done > first.done else None
@@ -150,6 +154,15 @@ class LogProgress:
             age_s=round(max(0.0, self.wall() - last.at), 1),
             step_s=round(span / (len(steps) - 1), 2) if len(steps) > 1 else None,
         )
+
+
+def _going(steps: list[_Step], newest: float) -> bool:
+    """A long prompt's prefill not finished, whose last step is not far behind the log's."""
+    last = steps[-1]
+    if last.total < SHORT_PROMPT or last.done >= last.total:
+        return False
+    step = (last.at - steps[0].at) / (len(steps) - 1) if len(steps) > 1 else 0.0
+    return newest - last.at <= max(GONE_AFTER, 3 * step)
 
 
 def _step(line: bytes) -> _Step | None:
