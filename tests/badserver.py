@@ -330,6 +330,29 @@ class Handler(socketserver.BaseRequestHandler):
             with contextlib.suppress(OSError):
                 self.gen_ok(sock)
 
+    def gen_traffic(self, sock: socket.socket) -> None:
+        """Serves concurrently and counts the tokens it sends. A long prompt (over 1 kB of
+        body: a live client) streams a token every 0.1 s for --delay seconds; a short one (the
+        probe) is answered at once. Once --hang-file exists, every request is held forever."""
+        srv = self.server
+        if srv.hang_file is not None and os.path.exists(srv.hang_file):
+            srv.stop.wait()
+            return
+        if len(self.body) <= 1000:
+            with srv.lock:
+                srv.delivered += 1
+            self.gen_ok(sock)
+            return
+        sock.sendall(head(200, "text/event-stream"))
+        ends = time.monotonic() + srv.delay
+        with contextlib.suppress(OSError):
+            while time.monotonic() < ends:
+                sock.sendall(sse(CHUNK))
+                with srv.lock:
+                    srv.delivered += 1
+                time.sleep(0.1)
+            sock.sendall(sse(FINISH) + b"data: [DONE]\n\n")
+
     def gen_cancellable(self, sock: socket.socket) -> None:
         """One request at a time. A long prompt (over 4 kB of body) holds the slot until it is
         cancelled through the server's own route (its kind's: vllm-mlx and Rapid-MLX by id,
@@ -391,6 +414,8 @@ class Server(socketserver.ThreadingTCPServer):
         self.work: dict[str, dict[str, Any]] = {}  # requests by id (mode cancellable)
         self.counter = 0
         self.rate = 2000.0  # prefill tokens a second (mode prefill)
+        self.delivered = 0.0  # tokens sent to clients (mode traffic)
+        self.lying = False  # the counter grows at every read (mode traffic, --lying)
         self.stall_at = 0.0
 
     def register(self, tokens: int) -> dict[str, Any]:
@@ -458,10 +483,12 @@ class Server(socketserver.ThreadingTCPServer):
             return True
         return False
 
-    def load_state(self) -> tuple[int, int, float]:
+    def load_state(self) -> tuple[int, int, float, float]:
         with self.lock:
             moving = 0.0 if self.work_started is None else time.monotonic() - self.work_started
-            return self.running, self.waiting, self.progress + 10 * moving
+            if self.lying:
+                self.delivered += 10  # a counter that grows whatever the server does
+            return self.running, self.waiting, self.progress + 10 * moving, self.delivered
 
 
 # Each server's load routes, shaped as its source writes them (see tests/test_load.py).
@@ -474,7 +501,7 @@ def _json(doc: object) -> tuple[int, str, str]:
     return 200, "application/json", json.dumps(doc)
 
 
-Report = Callable[[tuple[int, int, float]], tuple[int, str, str]]
+Report = Callable[[tuple[int, int, float, float]], tuple[int, str, str]]
 REPORTS: dict[tuple[str, str], Report] = {
     ("llama.cpp", "/metrics"): lambda s: _prom(
         {
@@ -496,6 +523,7 @@ REPORTS: dict[tuple[str, str], Report] = {
             'vllm:num_requests_running{model_name="m"}': s[0],
             'vllm:num_requests_waiting{model_name="m"}': s[1],
             'vllm:iteration_tokens_total_count{model_name="m"}': s[2],
+            'vllm:generation_tokens_total{model_name="m"}': s[3],
         }
     ),
     ("vllm-mlx", "/health"): lambda s: _json(
@@ -534,10 +562,11 @@ def main() -> None:
     parser.add_argument("--kind", default="mlx_lm", help="emulate this server's load routes")
     parser.add_argument("--rate", type=float, default=2000.0, help="prefill tokens a second")
     parser.add_argument("--stall-at", type=float, default=0.0, help="a prefill stops there")
+    parser.add_argument("--lying", action="store_true", help="a token counter that always grows")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
-    server.rate, server.stall_at = args.rate, args.stall_at
+    server.rate, server.stall_at, server.lying = args.rate, args.stall_at, args.lying
     print("ready", flush=True)
     server.serve_forever()
 

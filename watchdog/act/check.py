@@ -13,7 +13,7 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.evidence import Inspector, ProcessTable
-from mlx_watchdog.sense.findings import OwnFault
+from mlx_watchdog.sense.findings import LoadReport, OwnFault
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
@@ -65,6 +65,11 @@ class Checker:
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
+
+    def look_at_load(self) -> LoadReport | None:
+        """The server's own report, read before deciding to probe. The observation reads it
+        again once the probe is sent: what it counts then includes the probe."""
+        return self.load.read()
 
     def start(self) -> Probe:
         """Send the probe and check /v1/models; a round in flight is kept, never doubled."""

@@ -45,6 +45,9 @@ class LoadRoute:
     waiting: tuple[str, ...] = ()
     progress: tuple[str, ...] = ()
     loaded: str = ""  # models in memory: none while the probe waits means one is loading
+    # A counter of tokens generated for clients: grown since the last look, with live clients
+    # and none that left, real traffic proves the server and the probe may be skipped.
+    delivered: tuple[str, ...] = ()
     enable: str = ""  # what turns the route on, when it is off by default
 
 
@@ -110,6 +113,7 @@ PROFILES: dict[Kind, Profile] = {
                 running=("llamacpp:requests_processing",),
                 waiting=("llamacpp:requests_deferred",),
                 progress=("llamacpp:n_decode_total",),
+                delivered=("llamacpp:tokens_predicted_total",),
                 enable="start llama-server with --metrics",
             ),
             failure_modes=(
@@ -153,6 +157,7 @@ PROFILES: dict[Kind, Profile] = {
                 running=("rapid_mlx_requests_running",),
                 waiting=("rapid_mlx_requests_waiting",),
                 progress=("rapid_mlx_steps_executed_total",),
+                delivered=("rapid_mlx_completion_tokens_total",),
             ),
             cancel="by_id",
             failure_modes=(
@@ -250,6 +255,7 @@ PROFILES: dict[Kind, Profile] = {
                 running=("vllm:num_requests_running",),
                 waiting=("vllm:num_requests_waiting",),
                 progress=("vllm:iteration_tokens_total_count",),
+                delivered=("vllm:generation_tokens_total",),
             ),
         ),
         Profile(
@@ -264,6 +270,7 @@ PROFILES: dict[Kind, Profile] = {
                 running=("sglang:num_running_reqs",),
                 waiting=("sglang:num_queue_reqs",),
                 progress=("sglang:generation_tokens_total",),
+                delivered=("sglang:generation_tokens_total",),
                 enable="start SGLang with --enable-metrics",
             ),
             cancel="abort_all",

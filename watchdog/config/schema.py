@@ -111,6 +111,12 @@ class ProbeSettings:
         parse=float_range(0.0, 100.0),
         doc="below this, connected clients are not being served",
     )
+    skip_on_traffic: bool = setting(
+        True,
+        parse=parse_bool,
+        doc="skip the probe (2 in a row at most) while the server's own token counter shows "
+        "live clients served",
+    )
 
     def around(self, key: str, seconds: float) -> ProbeSettings:
         """These settings with one span set, and the others moved as little as it takes to

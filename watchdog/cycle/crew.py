@@ -27,6 +27,7 @@ class Sink(Protocol):
     def observe(self, server: str, verdict: Verdict) -> None: ...
     def event(self, server: str, kind: str, data: dict[str, Any]) -> None: ...
     def gave_up(self, server: str, n: int) -> None: ...
+    def skipped(self, server: str) -> None: ...
 
 
 class NoSink:
@@ -37,6 +38,9 @@ class NoSink:
         pass
 
     def gave_up(self, server: str, n: int) -> None:
+        pass
+
+    def skipped(self, server: str) -> None:
         pass
 
 

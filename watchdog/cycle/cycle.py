@@ -19,7 +19,7 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
-from mlx_watchdog.judge import bounds, budget, clearing, triggers
+from mlx_watchdog.judge import bounds, budget, clearing, traffic, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.clearing import Clearing
@@ -55,6 +55,7 @@ class Cycle:
         self.clearing: Clearing | None = None  # waiting for an abandoned prefill to finish
         self.tally = Tally()
         self.gave_up_counted = 0  # of the inspector's running count
+        self.skipped = 0  # probes skipped in a row: real traffic proved the server
         self.state_since: float | None = None
         self.judged_at: float | None = None
         self.sight = Sight(watched_since=self.monotonic(), tick_moved=self.monotonic())
@@ -99,10 +100,12 @@ class Cycle:
         while self.requests:
             self._carry_out(self.requests.popleft())
         self._notice_jump(interval)
-        if self.checker.probe is None:
-            # Most probes end in milliseconds; judge those in this tick.
-            self.checker.start().wait(min(self.server.probe.slow_after, interval / 2))
-        v = self.checker.judge(self.manager.pid(), fresh_since=self.sight.fresh_since)
+        v = self._traffic() if self.checker.probe is None else None
+        if v is None:
+            if self.checker.probe is None:
+                # Most probes end in milliseconds; judge those in this tick.
+                self.checker.start().wait(min(self.server.probe.slow_after, interval / 2))
+            v = self.checker.judge(self.manager.pid(), fresh_since=self.sight.fresh_since)
         if v is not None:
             self.sight.verdict_mono = self.monotonic()
             now = self.clock()
@@ -114,6 +117,20 @@ class Cycle:
         self._count_gave_up()
         self.tally.forget_old(self.clock())
         return self.verdict
+
+    def _traffic(self) -> Verdict | None:
+        """A verdict without a probe, when the server's own counter shows live clients
+        served (judge/traffic.py: a few ticks in a row at most); else None: probe."""
+        route = self.server.profile.load
+        wants = self.server.probe.skip_on_traffic and route is not None and route.delivered
+        report = self.checker.look_at_load() if wants else None
+        why = traffic.proves(self.verdict, report, self.skipped)
+        if why is None or report is None or self.verdict is None:
+            self.skipped = 0
+            return None
+        self.skipped += 1
+        self.crew.sink.skipped(self.server.name)
+        return traffic.skipped_verdict(self.verdict, report, why)
 
     def _judged(self, v: Verdict) -> None:
         before = self.verdict.state if self.verdict else None

@@ -90,6 +90,12 @@ class Metrics:
             ["server"],
             registry=self.registry,
         )
+        self.probes_skipped = Counter(
+            "mlx_watchdog_probes_skipped",
+            "Probes not sent because the server's own token counter showed live clients served.",
+            ["server"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "mlx_watchdog_events",
             "Events the watchdog reported (detected, restarting, recovered, ...).",
@@ -111,6 +117,9 @@ class Metrics:
 
     def gave_up(self, server: str, n: int) -> None:
         self.clients_gave_up.labels(server).inc(n)
+
+    def skipped(self, server: str) -> None:
+        self.probes_skipped.labels(server).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

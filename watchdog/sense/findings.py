@@ -214,6 +214,8 @@ class LoadReport:
     waiting: int | None = None
     progress: float | None = None
     loaded: int | None = None
+    delivered: float | None = None  # its counter of tokens generated for clients
+    delivered_since: float | None = None  # how much that counter grew since the last answer
     since: float | None = None  # the first answer that showed the progress counter's value
     read_at: float | None = None  # when this answer came
     health_status: int | None = None

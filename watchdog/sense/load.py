@@ -131,6 +131,9 @@ def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
             (_count(n, get(n), PROGRESS_LIMIT) for n in route.progress), PROGRESS_LIMIT
         )
         loaded = _count(route.loaded, get(route.loaded), COUNT_LIMIT) if route.loaded else None
+        delivered = _total(
+            (_count(n, get(n), PROGRESS_LIMIT) for n in route.delivered), PROGRESS_LIMIT
+        )
     except BadValue as exc:
         return LoadReport(route.path, "invalid", str(exc), status=status)
     wanted = bool(route.running or route.waiting or route.progress or route.loaded)
@@ -146,6 +149,7 @@ def read_report(route: LoadRoute, status: int, body: bytes) -> LoadReport:
         waiting=None if waiting is None else int(waiting),
         progress=progress,
         loaded=None if loaded is None else int(loaded),
+        delivered=delivered,
     )
 
 
@@ -173,6 +177,7 @@ class LoadReader:
         self.clock = clock
         self.transport = transport
         self._seen = _Seen()
+        self._delivered: float | None = None  # the counter at the last answer that showed it
         self.own = own or OwnConnections(server.probe.hard_timeout, clock)
 
     def _fetch(self, path: str) -> tuple[int, bytes]:
@@ -227,6 +232,11 @@ class LoadReader:
             if report.progress != self._seen.value or self._seen.since is None:
                 self._seen = _Seen(report.progress, answered)
             report = replace(report, since=self._seen.since, read_at=answered)
+        if report.delivered is not None:
+            before, self._delivered = self._delivered, report.delivered
+            grown = None if before is None else report.delivered - before
+            # A counter that went back was reset (a restarted server): it proves nothing.
+            report = replace(report, delivered_since=grown if grown and grown > 0 else 0.0)
         return report
 
     def _health(self, path: str) -> tuple[int | None, str]:
@@ -241,8 +251,9 @@ class LoadReader:
         return min(self.server.probe.models_timeout, REPORT_TIMEOUT)
 
     def forget(self) -> None:
-        """After a restart or a clock jump: the counter's history says nothing now."""
+        """After a restart or a clock jump: the counters' history says nothing now."""
         self._seen = _Seen()
+        self._delivered = None
 
 
 def fetch(
