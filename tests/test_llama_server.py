@@ -21,6 +21,7 @@ from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ProbeSettings, ServerConfig, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send
+from mlx_watchdog.sense.findings import Prefill
 from tests import builders
 from tests.conftest import DaemonThread, Running, StartLlama, free_port, llama_argv, until
 
@@ -73,6 +74,10 @@ def test_loading_is_starting(start_llama: StartLlama) -> None:
 
 
 def test_a_patient_client_is_busy_and_served(llama_server: Running) -> None:
+    from mlx_watchdog.sense.progress import LogProgress
+
+    reader = LogProgress(llama_server.log)
+    reader.read()  # from here on, only what the server logs next
     outcome: list[str] = []
     client = threading.Thread(
         target=lambda: outcome.append(send(llama_server.url, long_prompt(7, 1500), 300))
@@ -80,6 +85,10 @@ def test_a_patient_client_is_busy_and_served(llama_server: Running) -> None:
     client.start()
     time.sleep(0.5)
     result = check_once(watched(llama_server.url), pid=llama_server.proc.pid)
+    # Its slot's progress, from its own log (a line per batch once the prompt took 3 s).
+    said = until(lambda: (p := reader.read()) and p.done >= 6144 and p, 120, "two progress lines")
+    assert isinstance(said, Prefill) and 6144 <= said.done < said.total
+    assert 9000 < said.total < 14000 and said.rate_tps and said.rate_tps > 0
     client.join(300)
     v = result.verdict
     assert v.state == "busy", v.reason

@@ -208,3 +208,31 @@ def test_a_long_prefill_that_stopped_while_the_log_went_on_is_not_told_as_going(
     log.write_text(line(T0, 0, 19000) + line(T0 + 9, 19000, 19000) + line(T0 + 50, 0, 30))
     said = LogProgress(log, wall=lambda: T0 + 51).read()
     assert said is not None and (said.done, said.total) == (0, 30)
+
+
+LLAMA_LINES = (  # llama-server b11434, a 1500-word prompt on the tests' tiny GGUF
+    "0.10.118.413 I slot print_timing: id  0 | task 0 | prompt processing, n_tokens =   4096, "
+    "progress = 0.35, t =   5.25 s / 780.08 tokens per second\n",
+    "0.15.069.297 I slot print_timing: id  0 | task 0 | prompt processing, n_tokens =   6144, "
+    "progress = 0.53, t =  10.20 s / 602.26 tokens per second\n",
+    "0.22.781.116 I slot print_timing: id  0 | task 0 | prompt processing, n_tokens =   8192, "
+    "progress = 0.70, t =  17.91 s / 457.31 tokens per second\n",
+)
+
+
+def test_llama_servers_per_slot_progress_is_read_too(tmp_path: Path) -> None:
+    log = tmp_path / "llama.log"
+    log.write_text("main: server is listening on http://127.0.0.1:8081\n" + "".join(LLAMA_LINES))
+    reader = LogProgress(log, wall=lambda: T0)
+    said = reader.read()
+    assert said is not None and said.done == 8192 and said.total == round(8192 / 0.70)
+    # Its times count from the server's start: the newest line is taken as just written.
+    assert said.age_s == 0.0 and said.step_s == pytest.approx(6.33, abs=0.01)
+    assert said.rate_tps == pytest.approx(4096 / 12.663, abs=0.5)
+    # Another task on the same slot is another request; a malformed line is not believed.
+    with log.open("a") as fh:
+        fh.write(LLAMA_LINES[0].replace("task 0", "task 7").replace("0.10.118", "0.59.000"))
+        fh.write(LLAMA_LINES[1].replace("progress = 0.53", "progress = 7.00"))
+        fh.write(LLAMA_LINES[1].replace("0.15.069", "0.75.069"))
+    said = reader.read()
+    assert said is not None and (said.done, said.rate_tps) == (4096, None)

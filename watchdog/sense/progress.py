@@ -5,6 +5,8 @@ request, for a client that left too:
 
     2026-12-03 19:34:43,194 - INFO - Prompt processing progress: 2048/12036
 
+llama-server logs its slots' progress too, once a prompt has taken 3 s (see LLAMA below).
+
 The log is read incrementally from where the last look stopped, at most READ_MAX bytes a look
 (a log that grew more is skipped ahead to its last READ_MAX); a rotated or truncated log is read
 from its start. A batched server interleaves the lines of its requests: each prompt size is
@@ -36,6 +38,14 @@ GONE_AFTER = 60.0  # s: a prefill with no step while the log went on this long w
 LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
     rb"Prompt processing progress: (\d{1,9})/(\d{1,9})\s*$"
+)
+# llama-server (b11434, `print_timings_pp`), once a prompt has taken over 3 s, each batch:
+#   0.10.118.413 I slot print_timing: id  0 | task 0 | prompt processing, n_tokens =   4096,
+#   progress = 0.35, t =   5.25 s / 780.08 tokens per second
+# The prefix is minutes.seconds.milliseconds.microseconds since the server started.
+LLAMA = re.compile(
+    rb"^(\d{1,6})\.(\d\d)\.(\d{3})\.(\d{3}) I slot print_timing: id +(\d{1,4}) \| "
+    rb"task (\d{1,12}) \| prompt processing, n_tokens = +(\d{1,9}), progress = (\d\.\d{1,4}),"
 )
 
 
@@ -73,9 +83,11 @@ def _read_regular(path: Path, limit: int) -> bytes:
 
 @dataclass(frozen=True)
 class _Step:
-    at: float  # wall time the server logged it
+    at: float  # wall time the server logged it (llama-server: seconds since it started)
     done: int
     total: int
+    key: object = None  # which request: mlx-lm's prompt size, llama-server's slot and task
+    relative: bool = False  # `at` counts from the server's start, not the wall clock
 
 
 class LogProgress:
@@ -89,7 +101,7 @@ class LogProgress:
         self._offset: int | None = None  # None: not read yet (start near its end)
         self._inode: int | None = None
         # The prefills in the log's last lines, by prompt size, the one stepped last at the end.
-        self._prefills: dict[int, list[_Step]] = {}
+        self._prefills: dict[object, list[_Step]] = {}
 
     def read(self) -> Prefill | None:
         """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
@@ -101,10 +113,15 @@ class LogProgress:
             self.problem = f"cannot read the server's log {self.path}: {exc.strerror or exc}"
             return None
         self.problem = None
-        for line in chunk.split(b"\n"):
-            step = _step(line)
-            if step is not None:
-                self._add(step)
+        steps = [step for line in chunk.split(b"\n") if (step := _step(line)) is not None]
+        # llama-server's times count from its start: its newest line is taken as written at
+        # this look (read each tick, so at most an interval late), the others before it.
+        latest = max((st.at for st in steps if st.relative), default=0.0)
+        now = self.wall()
+        for step in steps:
+            if step.relative:
+                step = _Step(now - (latest - step.at), step.done, step.total, step.key)
+            self._add(step)
         return self._prefill()
 
     def _new_bytes(self, path: Path) -> bytes:
@@ -127,10 +144,10 @@ class LogProgress:
         return data[:whole]
 
     def _add(self, step: _Step) -> None:
-        steps = self._prefills.pop(step.total, [])
+        steps = self._prefills.pop(step.key, [])
         if steps and step.done < steps[-1].done:
             steps = []  # the same size of prompt again: another request
-        self._prefills[step.total] = [*steps[-63:], step]  # the newest last
+        self._prefills[step.key] = [*steps[-63:], step]  # the newest last
         while len(self._prefills) > PREFILLS_KEPT:
             del self._prefills[next(iter(self._prefills))]
 
@@ -166,9 +183,10 @@ def _going(steps: list[_Step], newest: float) -> bool:
 
 
 def _step(line: bytes) -> _Step | None:
-    m = LINE.match(line.rstrip(b"\r"))
+    line = line.rstrip(b"\r")
+    m = LINE.match(line)
     if m is None:
-        return None
+        return _llama_step(line)
     try:
         at = time.mktime(time.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S"))
     except (ValueError, OverflowError):
@@ -176,4 +194,18 @@ def _step(line: bytes) -> _Step | None:
     done, total = int(m.group(3)), int(m.group(4))
     if total <= 0 or done > total:
         return None
-    return _Step(at + int(m.group(2)) / 1000, done, total)
+    return _Step(at + int(m.group(2)) / 1000, done, total, key=total)
+
+
+def _llama_step(line: bytes) -> _Step | None:
+    m = LLAMA.match(line)
+    if m is None:
+        return None
+    minutes, seconds, millis, micros = (int(m.group(i)) for i in range(1, 5))
+    done, share = int(m.group(7)), float(m.group(8))
+    if seconds > 59 or not 0 < share <= 1:
+        return None
+    # The share is printed to two places: the total is about done / share, never below done.
+    total = max(done, round(done / share))
+    at = minutes * 60 + seconds + millis / 1e3 + micros / 1e6
+    return _Step(at, done, total, key=("llama", m.group(5), m.group(6)), relative=True)
