@@ -6,6 +6,7 @@ mlx_lm.server does, run by the daemon (manager = "process") so the daemon reads 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -149,9 +150,12 @@ def test_a_client_resending_the_same_prompt_is_named_a_retry_loop_in_numbers(
     assert len(incidents) == 3
     assert "resends" not in (incidents[1].advice or "")
     advice = incidents[2].advice or ""
-    assert advice.startswith(
-        "a client resends a ~10k-token prompt and gives up after ~1 s each time (3 times); at 2,0"
-    ), advice
+    said = re.match(
+        r"a client resends a ~10k-token prompt and gives up after ~1 s each time \(3 times\); "
+        r"at (\d,\d{3}) tok/s it needs ~5 s",
+        advice,
+    )
+    assert said and 1500 <= int(said.group(1).replace(",", "")) <= 2500, advice
     assert "it will never succeed until its timeout is above 10 s" in advice
     detected = [e for e in t.daemon.store.events() if e.kind == "detected"][-1]
     assert "a client resends a ~10k-token prompt" in detected.message

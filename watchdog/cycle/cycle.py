@@ -1,9 +1,8 @@
 """One server's cycle: its verdicts, phase, open incident, advice and events, tick by tick.
 
-The only writer of incident rows. Each server has one Cycle, touched only by its own job (the
-endpoint's asks are queued and carried out at the next tick). A restart climbs the ladder
-(act/ladder.py); what it means for the incident is decided here.
-"""
+The only writer of incident rows (with its LeastCost, cycle/least_cost.py). Each server has one
+Cycle, touched only by its own job (the endpoint's asks are queued for the next tick). A restart
+climbs the ladder (act/ladder.py); what it means for the incident is decided here."""
 
 from __future__ import annotations
 
@@ -17,12 +16,12 @@ from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
+from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
-from mlx_watchdog.judge import bounds, budget, clearing, traffic, triggers
+from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
-from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -52,10 +51,9 @@ class Cycle:
         self.incident: OpenIncident | None = None
         self.needs_person: str | None = None  # why, while the phase is HELD
         self.draining = False
-        self.clearing: Clearing | None = None  # waiting for an abandoned prefill to finish
         self.tally = Tally()
         self.gave_up_counted = 0  # of the inspector's running count
-        self.skipped = 0  # probes skipped in a row: real traffic proved the server
+        self.least = LeastCost(self)
         self.state_since: float | None = None
         self.judged_at: float | None = None
         self.sight = Sight(watched_since=self.monotonic(), tick_moved=self.monotonic())
@@ -100,7 +98,7 @@ class Cycle:
         while self.requests:
             self._carry_out(self.requests.popleft())
         self._notice_jump(interval)
-        v = self._traffic() if self.checker.probe is None else None
+        v = self.least.traffic() if self.checker.probe is None else None
         if v is None:
             if self.checker.probe is None:
                 # Most probes end in milliseconds; judge those in this tick.
@@ -117,20 +115,6 @@ class Cycle:
         self._count_gave_up()
         self.tally.forget_old(self.clock())
         return self.verdict
-
-    def _traffic(self) -> Verdict | None:
-        """A verdict without a probe, when the server's own counter shows live clients
-        served (judge/traffic.py: a few ticks in a row at most); else None: probe."""
-        route = self.server.profile.load
-        wants = self.server.probe.skip_on_traffic and route is not None and route.delivered
-        report = self.checker.look_at_load() if wants else None
-        why = traffic.proves(self.verdict, report, self.skipped)
-        if why is None or report is None or self.verdict is None:
-            self.skipped = 0
-            return None
-        self.skipped += 1
-        self.crew.sink.skipped(self.server.name)
-        return traffic.skipped_verdict(self.verdict, report, why)
 
     def _judged(self, v: Verdict) -> None:
         before = self.verdict.state if self.verdict else None
@@ -159,52 +143,11 @@ class Cycle:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             least_cost = self.server.restart.least_cost
             if trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
-                why = self._cure(v)
+                why = self.least.cure(v)
                 if why is None:
                     return
                 reason = f"{reason}; {why}" if why else reason
             self.restart(trigger.value, reason)
-
-    def _cure(self, v: Verdict) -> str | None:
-        """Cancel or wait (None), or why a restart is the cure (judge/clearing.py chooses)."""
-        if self.clearing is None and (self.incident is None or self.incident.waited):
-            return ""  # one wait an incident: after one given up, restarts only
-        can_cancel = self.server.profile.cancel is not None
-        cure = clearing.choose(
-            v.evidence,
-            self.tally.restart_cost(),
-            self.clearing,
-            self.monotonic(),
-            can_cancel=can_cancel and not isinstance(self.manager, NoManager),
-        )
-        began, self.clearing = self.clearing, cure.wait
-        if cure.wait is None:
-            if began is not None:
-                self._waited(began, "gave up", cure.why)
-            return cure.why
-        if began is not None or self.incident is None:
-            return None  # a wait goes on
-        self.incident.waited = True
-        said = cure.why
-        if cure.wait.cancel:
-            done = self.crew.cancel(self.server, v.evidence.waited_s or 0.0)
-            self._waited(cure.wait, "sent" if done.ok else "failed", done.detail)
-            if not done.ok:
-                self.clearing = None
-                return f"cancelling failed ({done.detail})"
-            said = f"{said}; {done.detail}"
-        within = round(cure.wait.until - cure.wait.began, 1)
-        self.transition(Phase.FAILING, E.CLEARING, said, within_s=within)
-        return None
-
-    def _waited(self, wait: Clearing, outcome: str, detail: str) -> None:
-        action = {
-            "at": self.clock(),
-            "action": "cancel" if wait.cancel else "wait",
-            "outcome": outcome,
-            "detail": detail,
-        }
-        self.store.add_action(self.incident.id if self.incident else None, action)
 
     def _count_gave_up(self) -> None:
         """Clients seen leaving since the last tick: history, a metric and the day's count."""
@@ -273,11 +216,7 @@ class Cycle:
         self.transition(Phase.FAILING, E.DETECTED, message, advice=advice, **v.evidence.brief())
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
-        wait, self.clearing = self.clearing, None
-        if wait is not None:
-            how = "served again" if wait.cancel else "cleared without a restart:"
-            how = f"{how} {wait.waited(self.monotonic())}"
-            self._waited(wait, "cleared", f"{how}; {wait.cost.describe()}")
+        how = self.least.served() or how
         self.streak = Streak()
         self.refused_said = False
         self.tally.last_token_at = at
@@ -349,9 +288,7 @@ class Cycle:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
         still counts it."""
         started = self._restart_began = self.clock()
-        wait, self.clearing = self.clearing, None
-        if wait is not None:  # a person's restart during a wait
-            self._waited(wait, "ended by a restart", wait.waited(self.monotonic()))
+        self.least.restarting()
         self.tally.restarts_here.append(self.monotonic())
         self.tally.last_restart = LastRestart(started, trigger)
         self._restart_row = self.store.start_restart(self.server.name, started, trigger)

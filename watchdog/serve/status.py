@@ -104,7 +104,7 @@ def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> dict[str, An
         restarting=c.restarting,
         blind=blind is not None,
         age=None if seen is None else mono - seen,
-        clearing=_clearing(c.clearing, mono),
+        clearing=_clearing(c.least.clearing, mono),
     )
 
 

@@ -1,0 +1,99 @@
+"""What a cycle does to spend the least: the probes real traffic makes needless, and the
+cheaper cures it tries before a restart (cancel the abandoned requests, or wait out their
+prefill). The choices are the judge's (judge/traffic.py, judge/clearing.py); this carries them
+out for one cycle and records each as an incident action.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mlx_watchdog.act.managers import NoManager
+from mlx_watchdog.cycle.phases import Phase
+from mlx_watchdog.judge import clearing, traffic
+from mlx_watchdog.judge.clearing import Clearing
+from mlx_watchdog.judge.states import EventKind
+from mlx_watchdog.judge.verdict import Verdict
+
+if TYPE_CHECKING:
+    from mlx_watchdog.cycle.cycle import Cycle
+
+
+class LeastCost:
+    def __init__(self, cycle: Cycle) -> None:
+        self.cycle = cycle
+        self.clearing: Clearing | None = None  # a cancel or a wait under way
+        self.skipped = 0  # probes skipped in a row: real traffic proved the server
+
+    def traffic(self) -> Verdict | None:
+        """A verdict without a probe, when the server's own counter shows live clients
+        served (a few ticks in a row at most); else None: probe."""
+        c = self.cycle
+        route = c.server.profile.load
+        wants = c.server.probe.skip_on_traffic and route is not None and route.delivered
+        report = c.checker.look_at_load() if wants else None
+        why = traffic.proves(c.verdict, report, self.skipped)
+        if why is None or report is None or c.verdict is None:
+            self.skipped = 0
+            return None
+        self.skipped += 1
+        c.crew.sink.skipped(c.server.name)
+        return traffic.skipped_verdict(c.verdict, report, why)
+
+    def cure(self, v: Verdict) -> str | None:
+        """Cancel or wait (None), or why a restart is the cure ("" when none was weighed)."""
+        c = self.cycle
+        if self.clearing is None and (c.incident is None or c.incident.waited):
+            return ""  # one cure an incident: after one given up, restarts only
+        cure = clearing.choose(
+            v.evidence,
+            c.tally.restart_cost(),
+            self.clearing,
+            c.monotonic(),
+            can_cancel=c.server.profile.cancel is not None and not isinstance(c.manager, NoManager),
+        )
+        began, self.clearing = self.clearing, cure.wait
+        if cure.wait is None:
+            if began is not None:
+                self.record(began, "gave up", cure.why)
+            return cure.why
+        if began is not None or c.incident is None:
+            return None  # a wait goes on
+        c.incident.waited = True
+        said = cure.why
+        if cure.wait.cancel:
+            done = c.crew.cancel(c.server, v.evidence.waited_s or 0.0)
+            self.record(cure.wait, "sent" if done.ok else "failed", done.detail)
+            if not done.ok:
+                self.clearing = None
+                return f"cancelling failed ({done.detail})"
+            said = f"{said}; {done.detail}"
+        within = round(cure.wait.until - cure.wait.began, 1)
+        c.transition(Phase.FAILING, EventKind.CLEARING, said, within_s=within)
+        return None
+
+    def served(self) -> str | None:
+        """The server serves again: how, if a cancel or a wait brought it back."""
+        wait, self.clearing = self.clearing, None
+        if wait is None:
+            return None
+        how = "served again" if wait.cancel else "cleared without a restart:"
+        how = f"{how} {wait.waited(self.cycle.monotonic())}"
+        self.record(wait, "cleared", f"{how}; {wait.cost.describe()}")
+        return how
+
+    def restarting(self) -> None:
+        """A restart begins (a person's, during a wait): the wait ends with it."""
+        wait, self.clearing = self.clearing, None
+        if wait is not None:
+            self.record(wait, "ended by a restart", wait.waited(self.cycle.monotonic()))
+
+    def record(self, wait: Clearing, outcome: str, detail: str) -> None:
+        c = self.cycle
+        action = {
+            "at": c.clock(),
+            "action": "cancel" if wait.cancel else "wait",
+            "outcome": outcome,
+            "detail": detail,
+        }
+        c.store.add_action(c.incident.id if c.incident else None, action)
