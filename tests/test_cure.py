@@ -129,7 +129,8 @@ def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
     config_file.write_text(to_toml(effective(t.daemon.config)))
     shown = mlx_watchdog("history", "--config", str(config_file), "--show", str(incident.id))
     assert shown.returncode == 0, shown.stderr
-    for said in ("wait: gave up", "before the restart", "gen_prefill", "CLOSE_WAIT"):
+    shown_as = ("wait: gave up", "before the restart", "gen_prefill", "CLOSE_WAIT")
+    for said in (*shown_as, "abandoned_connections=1", "prefill_total=40014"):
         assert said in shown.stdout, said
     missing = mlx_watchdog("history", "--config", str(config_file), "--show", "99")
     assert missing.returncode == 3 and "no incident #99" in missing.stderr

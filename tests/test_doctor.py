@@ -228,3 +228,21 @@ def test_a_state_folder_others_can_write_is_a_problem_with_its_fix(tmp_path: Pat
     finally:
         state.chmod(0o700)
     assert found.level == "problem" and f"run: chmod 700 {state}" in found.detail
+
+
+def test_a_retry_loop_in_the_history_is_named_with_the_timeout_it_needs(tmp_path: Path) -> None:
+    config = setup(tmp_path, "http://127.0.0.1:1")
+    store = Store(tmp_path / "state" / "history.db")
+    now = time.time()
+    for n, (tokens, waited) in enumerate(((43_118, 55.0), (43_120, 54.0), (43_200, 56.5))):
+        evidence = {"prefill_total": tokens, "gave_up_after_s": [waited], "prefill_rate_tps": 312.0}
+        store.open_incident("mac1", now - 3000 + n * 600, "wedged", "wedged: ...", evidence)
+    store.close()
+    loops = [f for f in doctor(config, tmp_path) if "retry loop" in f.detail]
+    assert len(loops) == 1 and loops[0].level == "warning" and loops[0].what == "mac1"
+    assert loops[0].detail == (
+        "a retry loop in the last day: a client resends a ~43k-token prompt and gives up after "
+        "~55 s each time (3 times); at 312 tok/s it needs ~138 s; it will never succeed until "
+        "its timeout is above 170 s"
+    )
+    assert "raise that client's timeout" in loops[0].fix

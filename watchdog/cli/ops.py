@@ -241,6 +241,9 @@ def _show(store: Store, number: int, as_json: bool) -> int:
     end = "still open" if i.closed_at is None else f"closed {_clock(i.closed_at)}"
     out.print(f"[bold]#{i.id}[/bold] {i.server} {i.state} from {_clock(i.began_at)}, {end}")
     out.print(f"  {escape(i.reason)}", soft_wrap=True)
+    said = {k: v for k, v in i.evidence.items() if v not in (None, "", [], {}, 0)}
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(said.items()) if k != "phases")
+    out.print(f"  [dim]evidence:[/dim] {escape(shown)}", soft_wrap=True)
     if i.advice:
         out.print(f"  [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
     for a in i.actions:
