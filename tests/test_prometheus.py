@@ -37,7 +37,7 @@ def test_the_rules_pass_promtool_check(tmp_path: Path) -> None:
         ["promtool", "check", "rules", str(rules_file(tmp_path))], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 9 rules found" in done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout
 
 
 @needs_promtool
@@ -217,6 +217,77 @@ def test_the_commands_print_the_rules_and_a_dashboard_of_metrics_that_exist(
     missing = {m for m in used if m not in exported and m not in recorded}
     assert missing == set(), missing
     t.stop()
+
+
+@needs_promtool
+def test_each_state_is_one_code_per_server(tmp_path: Path) -> None:
+    """The dashboard colours a server by mlx_watchdog:state:code: checked with promtool."""
+    states = ("healthy", "busy", "slow", "starting", "wedged", "dead", "down", "unknown")
+    now = {"mac1:9464": "wedged", "mac2:9464": "busy", "mac3:9464": "unknown"}
+    series = [
+        {
+            "series": f'mlx_watchdog_state{{instance="{i}",job="mlx-watchdog",server="qwen",'
+            f'state="{s}"}}',
+            "values": "1" if s == state else "0",
+        }
+        for i, state in now.items()
+        for s in states
+    ]
+    expected = [
+        {"labels": f'mlx_watchdog:state:code{{instance="{i}",server="qwen"}}', "value": code}
+        for i, code in (("mac1:9464", 4), ("mac2:9464", 1), ("mac3:9464", 7))
+    ]
+    test = {
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": "mlx_watchdog:state:code", "eval_time": "0m", "exp_samples": expected}
+        ],
+    }
+    rules = rules_file(tmp_path)
+    spec = tmp_path / "tests.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": [rules.name], "tests": [test]}))
+    done = subprocess.run(
+        ["promtool", "test", "rules", spec.name], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_dashboard_reads_at_a_glance() -> None:
+    """Filtered by instance and server everywhere, states coloured by what they mean, and
+    what a person needs first at the top."""
+    doc = json.loads(fleet.dashboard())
+    names = [v["name"] for v in doc["templating"]["list"]]
+    assert names == ["datasource", "instance", "server"]
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    for name in names[1:]:
+        assert all(f'{name}=~"${name}"' in e for e in exprs), name
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in doc["panels"])
+    colours: dict[str, str] = {}
+    for p in doc["panels"]:
+        if "mlx_watchdog:state:code" in p["targets"][0]["expr"]:
+            (mapping,) = p["fieldConfig"]["defaults"]["mappings"]
+            shown = {o["text"]: o["color"] for o in mapping["options"].values()}
+            assert not colours or shown == colours
+            colours = shown
+    assert {s for s, c in colours.items() if c == "red"} == {"wedged", "dead", "down"}
+    assert {s for s, c in colours.items() if c == "orange"} == {"busy", "slow"}
+    assert (colours["healthy"], colours["starting"]) == ("green", "blue")
+    top = {p["title"] for p in doc["panels"] if p["gridPos"]["y"] == 0}
+    assert {"State now", "A person is needed", "Restart budget left"} <= top
+    # The codes the dashboard maps are the codes the rule records.
+    rule = next(
+        r["expr"]
+        for g in yaml.safe_load(fleet.rules())["groups"]
+        for r in g["rules"]
+        if r.get("record") == "mlx_watchdog:state:code"
+    )
+    coded = dict(re.findall(r'state="([a-z]+)"\} == 1\) \* (\d)', rule))
+    (mapping,) = next(p for p in doc["panels"] if p["title"] == "State now")["fieldConfig"][
+        "defaults"
+    ]["mappings"]
+    assert {o["text"]: code for code, o in mapping["options"].items()} == coded
+    assert len(coded) == 8
 
 
 def watched(tmp_path: Path, bad: BadByPidfile) -> dict[str, object]:

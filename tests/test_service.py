@@ -227,6 +227,24 @@ def test_install_reinstall_uninstall(home: Path, fake_services: FakeServices) ->
     assert mlx_watchdog("uninstall", "--target", "systemd").returncode == 0  # already gone
 
 
+def test_uninstall_with_no_user_manager_removes_the_unit(
+    home: Path, fake_services: FakeServices
+) -> None:
+    """Over SSH after the session ended (no lingering): systemctl --user cannot reach a
+    manager, and none runs the unit; uninstall still removes its file."""
+    write_config(home)
+    assert mlx_watchdog("install", "--target", "systemd").returncode == 0
+    path = home / ".config" / "systemd" / "user" / service.WATCHDOG_UNIT
+    until(lambda: job_pid(fake_services, service.WATCHDOG_UNIT), 20, "the watchdog job")
+    subprocess.run(["systemctl", "--user", "stop", service.WATCHDOG_UNIT], check=True)
+    fake_services.machine(user_managers=[])
+    removed = mlx_watchdog("uninstall", "--target", "systemd")
+    assert removed.returncode == 0, removed.stderr
+    assert not path.exists()
+    assert "no systemd user manager runs; nothing to stop" in removed.stdout
+    assert f"removed {path}" in removed.stdout
+
+
 def test_install_writes_a_config_when_there_is_none(
     home: Path, fake_services: FakeServices
 ) -> None:
