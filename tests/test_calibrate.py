@@ -151,3 +151,21 @@ def test_a_server_restarted_while_measured_is_told_apart(
     why = replaced(server, before) or ""
     assert f"PID {first.proc.pid}, now PID {second.proc.pid}" in why
     assert replaced(server, None) is None  # a server on another machine: nothing to compare
+
+
+@pytest.mark.real_server
+def test_the_maintenance_windows_calibration_is_kept(
+    batched_server: Running, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `run`'s maintenance window calls: the real server measured, kept like calibrate's."""
+    from mlx_watchdog.advice import calibrate as module
+    from mlx_watchdog.config import ServerConfig
+
+    server = ServerConfig(name="mac1", url=batched_server.url)
+    store = Store(tmp_path / "history.db")
+    monkeypatch.setattr(module, "MAINTENANCE_SIZES", (500, 2048))  # the tiny model: a line
+    said = module.maintenance_calibration(server, store)
+    assert said.startswith("calibrated: a ") and "clients need a timeout of at least" in said
+    kept = store.last_calibration("mac1")
+    assert kept is not None and kept["advice"]["client_s"] > 0 and len(kept["points"]) == 2
+    store.close()

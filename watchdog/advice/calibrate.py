@@ -25,6 +25,7 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import MARGIN, round_up
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.record.left import LeftProbes
+from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
 WORDS_PROBE = 300
@@ -304,3 +305,32 @@ def refusal(
     if process.live:
         return f"{process.live} client(s) are being served right now", process.cmdline
     return None, process.cmdline
+
+
+MAINTENANCE_SIZES = (1024, 4096, 16384)
+
+
+def maintenance_calibration(server: ServerConfig, store: Store) -> str:
+    """The maintenance window's calibration: measured, kept in the history like `calibrate`'s
+    (unless another process served meanwhile), and said in a line."""
+    before = serving_process(server)
+    cal = run_calibration(server, MAINTENANCE_SIZES, timeout=600.0)
+    moved = replaced(server, before)
+    if moved is not None:
+        return f"calibration not kept: {moved}"
+    prompt = context_length(_cmdline(before)) or 32 * 1024
+    advice = advise(cal, prompt)
+    store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
+    return (
+        f"calibrated: a {prompt:,}-token prompt needs about {advice.prefill_s:.0f} s here; "
+        f"clients need a timeout of at least {advice.client_s} s"
+    )
+
+
+def _cmdline(process: tuple[int, float] | None) -> list[str]:
+    import psutil
+
+    try:
+        return psutil.Process(process[0]).cmdline() if process is not None else []
+    except psutil.Error:
+        return []

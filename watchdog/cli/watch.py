@@ -161,6 +161,7 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
     # httpx imports its own command line (click, rich, pygments) with itself: about 5 MiB of a
     # long-running process that never uses it. Blocked before httpx is first imported.
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    from mlx_watchdog.advice.calibrate import maintenance_calibration
     from mlx_watchdog.daemon import Daemon
 
     setup_logging()
@@ -174,7 +175,9 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
     from mlx_watchdog.record.private import AlreadyRunning, UnsafeState
 
     try:
-        daemon = Daemon(config, config_path=config_path, notifier=notifier)
+        daemon = Daemon(
+            config, config_path=config_path, notifier=notifier, maintain=maintenance_calibration
+        )
     except (AlreadyRunning, UnsafeState) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)

@@ -39,6 +39,7 @@ from mlx_watchdog.config.values import (
     parse_duration,
     parse_size,
     parse_url,
+    when_fields,
 )
 
 __all__ = [
@@ -68,5 +69,6 @@ __all__ = [
     "resolve_config_path",
     "template",
     "to_toml",
+    "when_fields",
     "write_template",
 ]

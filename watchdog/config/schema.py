@@ -24,6 +24,7 @@ from mlx_watchdog.config.values import (
     int_range,
     parse_argv,
     parse_bool,
+    parse_daily,
     parse_domain,
     parse_duration,
     parse_env,
@@ -36,6 +37,7 @@ from mlx_watchdog.config.values import (
     parse_str,
     parse_str_list,
     parse_url,
+    parse_when,
 )
 
 
@@ -238,6 +240,16 @@ class ServerConfig:
     log_file: Path | None = setting(
         None, parse=parse_path, doc="the server's output", example="~/Library/Logs/mlx-server.log"
     )
+    maintenance: str = setting(
+        "",
+        parse=parse_when,
+        doc='a maintenance window, local time ("Sun 04:00" weekly, "04:00" daily): calibrate '
+        "when the server is idle; empty: none",
+        example="Sun 04:00",
+    )
+    maintenance_restart: bool = setting(
+        False, parse=parse_bool, doc="a planned restart in the maintenance window too"
+    )
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     restart: RestartSettings = field(default_factory=RestartSettings)
     # `user:password@` (or a bare token) written in `url`, moved out of it: `url` is shown
@@ -317,6 +329,12 @@ class WatchdogSettings:
         doc="its own log (under launchd) and each server's log_file",
     )
     log_keep: int = setting(3, parse=int_range(0, 100), doc="rotated copies kept: log.1 .. log.3")
+    daily_summary: str = setting(
+        "",
+        parse=parse_daily,
+        doc="a summary alert of the last 24 h at this local time each day; empty: none",
+        example="08:00",
+    )
 
 
 @dataclass(frozen=True)

@@ -263,3 +263,39 @@ def parse_open_routes(value: object, where: str) -> tuple[str, ...]:
                 f"use {' or '.join(show(r) for r in GUARDED_ROUTES)}"
             )
     return routes
+
+
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def parse_when(value: object, where: str) -> str:
+    """A local time of day, "HH:MM" (daily), or "Sun HH:MM" (weekly); "" for none."""
+    text = parse_str(value, where).strip().lower()
+    if not text:
+        return ""
+    day, _, clock = text.rpartition(" ")
+    hour, sep, minute = clock.partition(":")
+    ok = sep and hour.isdigit() and minute.isdigit() and len(minute) == 2
+    if not ok or int(hour) > 23 or int(minute) > 59 or day.strip() not in ("", *DAYS):
+        raise ValueError(
+            f'{where} = {show(value)} must be a local time "HH:MM", or a day and a time '
+            f'like "Sun 04:00" (days: {", ".join(d.title() for d in DAYS)})'
+        )
+    day = day.strip()
+    return f"{day} {int(hour):02d}:{minute}" if day else f"{int(hour):02d}:{minute}"
+
+
+def parse_daily(value: object, where: str) -> str:
+    """A local time of day, "HH:MM"; "" for none."""
+    when = parse_when(value, where)
+    if " " in when:
+        raise ValueError(f'{where} = {show(value)} must be a time of day "HH:MM" (daily)')
+    return when
+
+
+def when_fields(when: str) -> dict[str, str]:
+    """A parsed time as cron fields: hour, minute, and day_of_week when weekly."""
+    day, _, clock = when.rpartition(" ")
+    hour, minute = clock.split(":")
+    fields = {"hour": str(int(hour)), "minute": str(int(minute))}
+    return {**fields, "day_of_week": day} if day else fields

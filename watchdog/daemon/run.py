@@ -25,6 +25,7 @@ from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.act.managers import System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.cycle import Crew, Cycle
+from mlx_watchdog.daemon.calendar import Calendar, Maintain
 from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
 from mlx_watchdog.daemon.logs import own_log, rotate
 from mlx_watchdog.daemon.schedule import Schedule
@@ -64,6 +65,7 @@ class Daemon:
         monotonic: Callable[[], float] = time.monotonic,
         notifier: Notifier | None = None,
         stop_timeout: float = STOP_TIMEOUT,
+        maintain: Maintain | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -105,6 +107,8 @@ class Daemon:
         self.schedule = Schedule()
         self._running = False
         self.notifier = notifier if notifier is not None else Notifier()
+        cycles, interval = (lambda: self.cycles), (lambda: self.interval)
+        self.calendar = Calendar(self.store, self.alerter, cycles, interval, maintain, clock)
         for server in config.servers:
             self.cycles[server.name] = self._cycle(server)
 
@@ -246,6 +250,7 @@ class Daemon:
         self._serve_endpoint()
         self._running = True
         self._schedule()
+        self.calendar.start(self.config)
         log.info("watching %s every %gs", ", ".join(self.cycles), self.config.watchdog.interval)
         self.notifier.send("READY=1", f"STATUS=watching {len(self.cycles)} servers")
         code = 0
@@ -268,6 +273,7 @@ class Daemon:
         finally:
             self.notifier.send("STOPPING=1")
             self.schedule.stop()
+            self.calendar.stop()
             # Ticks that stopped will not end by themselves: no long wait for them.
             self._finish(STALLED_SETTLE if code == EXIT_STALLED else self.stop_timeout)
         return code
@@ -318,6 +324,7 @@ class Daemon:
         self.config = new
         if self._running:
             self._schedule()
+            self.calendar.restart(new)
         log.info("config reloaded: watching %s", ", ".join(self.cycles))
         return True
 

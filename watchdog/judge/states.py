@@ -33,6 +33,8 @@ class EventKind(StrEnum):
     SEEING = "seeing"  # a fresh verdict again
     TICK_FAILED = "tick_failed"  # history only: a fault in a tick
     GAVE_UP = "gave_up"  # history only: clients that left mid-request
+    SUMMARY = "summary"  # the daily summary
+    MAINTENANCE = "maintenance"  # a maintenance window: calibrated, restarted, or skipped
 
 
 ALERTS = frozenset(EventKind) - {EventKind.TICK_FAILED, EventKind.GAVE_UP}

@@ -37,6 +37,8 @@ TITLES: dict[EventKind, str] = {
     EventKind.INTERRUPTED: "restart of {server} interrupted",
     EventKind.BLIND: "the watchdog cannot see {server}",
     EventKind.SEEING: "the watchdog sees {server} again",
+    EventKind.SUMMARY: "{server}: the last 24 hours",
+    EventKind.MAINTENANCE: "maintenance of {server}",
 }
 
 
