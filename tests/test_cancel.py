@@ -110,3 +110,21 @@ def test_a_cancel_route_that_refuses_is_said_with_what_was_cancelled(
     )
     done = cancel_abandoned(server_for(srv.url, "vllm-mlx"), 1.0)
     assert not done.ok and done.detail == "cancelled 0; refused chatcmpl-9: 500"
+
+
+def test_many_slow_cancels_end_within_the_budget_in_all() -> None:
+    """Each call may take its 5 s, but a cancel runs inside a tick: 10 s in all, then stop."""
+    now = [0.0]
+    deadlines: list[float] = []
+    listed = {"requests": [{"request_id": f"r{i}", "elapsed_s": 99.0} for i in range(30)]}
+
+    def slow(method: str, url: str, **kw: object) -> tuple[int, bytes]:
+        deadlines.append(float(kw["deadline"]))  # type: ignore[arg-type]
+        now[0] += 4.0  # each answer takes 4 s
+        return (200, json.dumps(listed).encode()) if method == "GET" else (200, b"{}")
+
+    done = cancel_abandoned(
+        server_for("http://127.0.0.1:9", "vllm-mlx"), 1.0, call=slow, clock=lambda: now[0]
+    )
+    assert not done.ok and "took longer than 10s in all" in done.detail
+    assert deadlines == [5.0, 5.0, 2.0] and now[0] == 12.0

@@ -16,17 +16,20 @@ told to abort all (the probe's too, which the next probe replaces).
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.bounded import BadJson, load_json, send
+from mlx_watchdog.sense.bounded import BadJson, Overdue, load_json, send
 from mlx_watchdog.sense.request import auth_headers, tls
 
 CANCEL_TIMEOUT = 5.0  # seconds for each call
+CANCEL_BUDGET = 10.0  # seconds for all the calls of one cancel: it runs inside a tick
 MAX_ANSWER = 1 << 20  # bytes of a status or cancel answer
 MAX_CANCELS = 32  # requests cancelled in one go at most
 PROBE_NEAR = 1.0  # s: the listed request whose age is this near the probe's wait is the probe
@@ -43,14 +46,29 @@ class Cancelled:
 Send = Callable[..., tuple[int, bytes]]
 
 
-def cancel_abandoned(server: ServerConfig, probe_age_s: float, *, call: Send = send) -> Cancelled:
-    """Cancel the server's requests but the probe's (waiting `probe_age_s`) and newer ones."""
+def cancel_abandoned(
+    server: ServerConfig,
+    probe_age_s: float,
+    *,
+    call: Send = send,
+    clock: Callable[[], float] = time.monotonic,
+) -> Cancelled:
+    """Cancel the server's requests but the probe's (waiting `probe_age_s`) and newer ones,
+    within CANCEL_BUDGET seconds in all."""
     style = server.profile.cancel
+    ends = clock() + CANCEL_BUDGET
+
+    def bounded(*args: Any, **kw: Any) -> tuple[int, bytes]:
+        left = min(CANCEL_TIMEOUT, ends - clock())
+        if left <= 0:
+            raise Overdue(f"the cancel took longer than {CANCEL_BUDGET:g}s in all")
+        return call(*args, **{**kw, "deadline": left})
+
     try:
         if style == "abort_all":
-            return _abort_all(server, call)
+            return _abort_all(server, bounded)
         if style == "by_id":
-            return _by_id(server, probe_age_s, call)
+            return _by_id(server, probe_age_s, bounded)
     except (httpx.HTTPError, OSError) as exc:
         return Cancelled(False, f"the server's cancel route did not answer: {_said(exc)}")
     return Cancelled(False, f"{server.profile.title} has no route to cancel a request")

@@ -270,9 +270,9 @@ DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 def parse_when(value: object, where: str) -> str:
     """A local time of day, "HH:MM" (daily), or "Sun HH:MM" (weekly); "" for none."""
-    text = parse_str(value, where).strip().lower()
-    if not text:
+    if value == "":
         return ""
+    text = parse_str(value, where).strip().lower()
     day, _, clock = text.rpartition(" ")
     hour, sep, minute = clock.partition(":")
     ok = sep and hour.isdigit() and minute.isdigit() and len(minute) == 2
