@@ -18,32 +18,24 @@ from mlx_watchdog.config import effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import send
 from mlx_watchdog.serve.status import of_cycle
-from tests.builders import badserver_argv
+from tests.builders import badserver_argv, watchdog_config
 from tests.conftest import DaemonThread, free_port, mlx_watchdog, until
 
 LONG = "word " * 8000  # 40 kB of body: about 10,000 tokens to the server, 5 s at 2000 tok/s
 
 
 def prefill_config(tmp_path: Path, port: int, *extra: str) -> dict[str, object]:
-    return {
-        "watchdog": {
-            "interval": "300ms",
-            "listen": "127.0.0.1:0",
-            "state_dir": str(tmp_path / "state"),
-        },
-        "server": [
-            {
-                "name": "owned",
-                "url": f"http://127.0.0.1:{port}",
-                "manager": "process",
-                "match": "badserver",
-                "command": badserver_argv(port, "prefill", *extra),
-                "log_file": str(tmp_path / "server.log"),
-                "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
-                "restart": {"max_restarts": 3, "backoff": "1s"},
-            }
-        ],
+    server = {
+        "name": "owned",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": badserver_argv(port, "prefill", *extra),
+        "log_file": str(tmp_path / "server.log"),
+        "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
+        "restart": {"max_restarts": 3, "backoff": "1s"},
     }
+    return watchdog_config(tmp_path / "state", [server], interval="300ms")
 
 
 def healthy(t: DaemonThread) -> bool:

@@ -15,7 +15,7 @@ from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.traffic import SKIP_MAX, proves, skipped_verdict
 from mlx_watchdog.judge.verdict import Evidence, Verdict
 from mlx_watchdog.sense.findings import LoadReport
-from tests.builders import badserver_argv
+from tests.builders import badserver_argv, watchdog_config
 from tests.conftest import DaemonThread, free_port, until
 
 SERVED = LoadReport("/metrics", "ok", "", status=200, running=1, delivered_since=40.0)
@@ -58,25 +58,17 @@ def test_anything_less_is_probed(
 
 
 def traffic_config(tmp_path: Path, port: int, *extra: str) -> dict[str, object]:
-    return {
-        "watchdog": {
-            "interval": "300ms",
-            "listen": "127.0.0.1:0",
-            "state_dir": str(tmp_path / "state"),
-        },
-        "server": [
-            {
-                "name": "busy",
-                "url": f"http://127.0.0.1:{port}",
-                "kind": "vllm",
-                "manager": "process",
-                "match": "badserver",
-                "command": badserver_argv(port, "traffic", "--kind", "vllm", *extra),
-                "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
-                "restart": {"max_restarts": 3, "backoff": "1s"},
-            }
-        ],
+    server = {
+        "name": "busy",
+        "url": f"http://127.0.0.1:{port}",
+        "kind": "vllm",
+        "manager": "process",
+        "match": "badserver",
+        "command": badserver_argv(port, "traffic", "--kind", "vllm", *extra),
+        "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
+        "restart": {"max_restarts": 3, "backoff": "1s"},
     }
+    return watchdog_config(tmp_path / "state", [server], interval="300ms")
 
 
 def live_client(url: str) -> threading.Thread:
