@@ -111,6 +111,8 @@ def test_live_traffic_skips_probes_but_never_more_than_two_in_a_row(
     assert sum(rows) >= 2 and not all(rows)
     text = t.daemon.metrics.exposition()[0].decode()
     assert f'mlx_watchdog_probes_skipped_total{{server="busy"}} {float(sum(rows))}' in text
+    probed = len(rows) - sum(rows)
+    assert f'mlx_watchdog_probes_total{{server="busy",state="healthy"}} {float(probed)}' in text
     assert t.daemon.store.incidents(0.0) == []
 
 

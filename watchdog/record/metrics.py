@@ -105,6 +105,8 @@ class Metrics:
         self.registry.register(_StatusCollector(status))
 
     def observe(self, server: str, verdict: Verdict) -> None:
+        if verdict.evidence.probe_finding == "skipped":
+            return  # no probe was sent: counted by probes_skipped
         self.probes.labels(server, verdict.state).inc()
         ttft = verdict.evidence.ttft_s
         if ttft is not None:
