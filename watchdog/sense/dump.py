@@ -9,10 +9,8 @@ restart waits that long at most. Each part that cannot be had says why instead.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -22,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from mlx_watchdog.sense.progress import open_regular
 
 BUDGET = 2.0  # seconds the whole dump may delay a restart
 STACK_MAX = 64 * 1024  # characters of stacks kept
@@ -109,13 +109,8 @@ def _log_tail(path: Path | None) -> tuple[str | None, str | None]:
     if path is None:
         return None, None
     try:
-        # Non-blocking, regular files only: a FIFO where the log was must not hang a restart.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            fh.seek(max(0, st.st_size - LOG_TAIL_MAX))
+        with open_regular(path) as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - LOG_TAIL_MAX))
             data = fh.read(LOG_TAIL_MAX)
     except OSError as exc:
         return None, f"cannot read the server's log {path}: {exc.strerror or exc}"

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.findings import Prefill
@@ -68,13 +69,20 @@ def server_log(server: ServerConfig) -> Path | None:
     return None
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of a regular file, opened without blocking (a FIFO put where a
-    file was must not hang the tick)."""
+def open_regular(path: Path) -> BinaryIO:
+    """A regular file, opened without blocking: a FIFO put where a file was must not hang a
+    tick or a restart on its open. OSError for anything else."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fh
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file."""
+    with open_regular(path) as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
@@ -125,12 +133,8 @@ class LogProgress:
         return self._prefill()
 
     def _new_bytes(self, path: Path) -> bytes:
-        # Non-blocking: a FIFO put where the log was must not hang the tick on its open.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-        with os.fdopen(fd, "rb") as fh:
+        with open_regular(path) as fh:
             st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
             if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
                 # First look, a rotated log or a truncated one: from near its end, or its start.
                 start = max(0, st.st_size - READ_MAX) if self._offset is None else 0
