@@ -1,4 +1,4 @@
-"""Commands that operate the running watchdog: status, history, restart, drain, undrain."""
+"""Commands that operate the running watchdog: status, open, history, restart, drain, undrain."""
 
 from __future__ import annotations
 
@@ -67,6 +67,34 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
     else:
         out.print(_status_view(doc))
     sys.exit(_status_exit(doc))
+
+
+@click.command("open")
+@config_option
+@click.option("--print-url", is_flag=True, help="Print the page's address; open no browser.")
+def open_page(config_path: Path | None, print_url: bool) -> None:
+    """Open the running watchdog's status page (its endpoint's /) in the browser.
+
+    The page is read-only and refreshes by itself; it needs the watchdog running with its
+    endpoint (watchdog.listen_port). Exit code 1 when there is no page or no browser.
+    """
+    import webbrowser
+
+    from mlx_watchdog.serve.client import DaemonNotRunning, page_url
+
+    cfg = load_or_exit(config_path)
+    try:
+        url = page_url(cfg.watchdog.state_dir)
+    except DaemonNotRunning as exc:
+        err.print(f"no status page: {escape(str(exc))}")
+        sys.exit(1)
+    if print_url:
+        click.echo(url)
+    elif webbrowser.open(url):
+        click.echo(f"opened {url}")
+    else:
+        err.print(f"no browser could be started here; the page is at {url}")
+        sys.exit(1)
 
 
 def _status_exit(doc: dict[str, Any]) -> int:
@@ -357,6 +385,7 @@ def _await_restart(cfg: Any, name: str, asked: float, bound: float) -> int:
 
 COMMANDS = (
     status,
+    open_page,
     history,
     *(_action(name) for name in ("restart", "drain", "undrain")),
 )

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import stat
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+
+log = logging.getLogger("mlx_watchdog")
 
 
 def rotate(path: Path, max_bytes: int, keep: int) -> bool:
@@ -33,6 +37,16 @@ def rotate(path: Path, max_bytes: int, keep: int) -> bool:
     with path.open("r+b") as fh:
         fh.truncate(0)
     return True
+
+
+def rotate_all(paths: Iterable[Path], max_bytes: int, keep: int) -> None:
+    """`rotate` each; one that cannot be rotated is said and the others still are."""
+    for path in paths:
+        try:
+            if rotate(path, max_bytes, keep):
+                log.info("rotated %s (over %d bytes)", path, max_bytes)
+        except OSError as exc:
+            log.error("cannot rotate %s: %s", path, exc.strerror or exc)
 
 
 def own_log(fd: int = 2) -> Path | None:

@@ -27,7 +27,7 @@ from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.cycle import Crew, Cycle
 from mlx_watchdog.daemon.calendar import Calendar, Maintain
 from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
-from mlx_watchdog.daemon.logs import own_log, rotate
+from mlx_watchdog.daemon.logs import own_log, rotate_all
 from mlx_watchdog.daemon.schedule import Schedule
 from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 from mlx_watchdog.judge.states import EventKind
@@ -40,8 +40,10 @@ from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
+from mlx_watchdog.serve.day import Days
 from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
+from mlx_watchdog.serve.page import refresh_s, render
 from mlx_watchdog.serve.status import of_cycle
 
 log = logging.getLogger("mlx_watchdog")
@@ -92,6 +94,7 @@ class Daemon:
         self._active = 0
         self._active_cv = threading.Condition()
         self.metrics = Metrics(self.status)
+        self.days = Days(self.store, lambda: self.interval, clock, monotonic)
         ladder = Ladder(
             system=self.system,
             table=self.table,
@@ -160,6 +163,10 @@ class Daemon:
             "servers": [of_cycle(c, now, mono, self.interval) for c in cycles],
         }
 
+    def page(self) -> str:
+        doc, days = self.status(), self.days.of(list(self.cycles))
+        return render(doc, days, self.clock(), refresh_s(self.interval))
+
     def prometheus(self) -> tuple[bytes, str]:
         return self.metrics.exposition()
 
@@ -202,11 +209,9 @@ class Daemon:
             self.tick(name)
             sight.tick_problem = None
         except Exception as exc:  # a fault in one tick must not stop the probing
-            problem = (
-                str(exc)
-                if isinstance(exc, OwnFault)
-                else (f"the last tick failed: {type(exc).__name__}: {exc}")
-            )[:500]
+            fault = f"{type(exc).__name__}: {exc}"
+            problem = str(exc) if isinstance(exc, OwnFault) else f"the last tick failed: {fault}"
+            problem = problem[:500]
             if problem != sight.tick_problem:  # once per run of the same fault, not every tick
                 log.exception("%s tick failed; probing goes on", name)
                 with contextlib.suppress(Exception):
@@ -222,14 +227,8 @@ class Daemon:
     def rotate_logs(self) -> None:
         settings = self.config.watchdog
         paths = [c.server.log_file for c in self.cycles.values() if c.server.log_file]
-        if self.own_log is not None:
-            paths.append(self.own_log)
-        for path in paths:
-            try:
-                if rotate(path, settings.log_max_size, settings.log_keep):
-                    log.info("rotated %s (over %d bytes)", path, settings.log_max_size)
-            except OSError as exc:
-                log.error("cannot rotate %s: %s", path, exc.strerror or exc)
+        paths += [self.own_log] if self.own_log is not None else []
+        rotate_all(paths, settings.log_max_size, settings.log_keep)
 
     def _schedule(self) -> None:
         interval = self.config.watchdog.interval

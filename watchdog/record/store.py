@@ -156,6 +156,15 @@ class Store:
         )
         return [(float(r[0]), float(r[1])) for r in rows]
 
+    def states(self, server: str, since: float) -> list[tuple[float, str, float | None]]:
+        """(when, state, time to first token or None) of the probes since then: the page's
+        day, without reading each probe's evidence."""
+        rows = self._rows(
+            "SELECT at, state, ttft_s FROM probes WHERE server = ? AND at >= ? ORDER BY at",
+            (server, since),
+        )
+        return [(float(r[0]), str(r[1]), None if r[2] is None else float(r[2])) for r in rows]
+
     def last_probe(self, server: str) -> ProbeRecord | None:
         rows = self._rows(
             "SELECT * FROM probes WHERE server = ? ORDER BY at DESC LIMIT 1", (server,)

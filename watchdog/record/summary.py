@@ -6,7 +6,7 @@ import math
 
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.record.tally import DAY
+from mlx_watchdog.record.tally import DAY, event_count
 
 
 def daily_summary(store: Store, server: str, now: float) -> tuple[str, dict[str, object]]:
@@ -17,7 +17,7 @@ def daily_summary(store: Store, server: str, now: float) -> tuple[str, dict[str,
     restarts = store.restarts(server, since)
     outage = sum(i.outage_s or 0.0 for i in incidents)
     gave_up = sum(
-        int(e.data.get("count", 0)) if isinstance(e.data.get("count"), int) else 0
+        event_count(e.data.get("count"))
         for e in store.events(server, since=since, kind=EventKind.GAVE_UP)
     )
     ttfts = sorted(t for _, t in store.ttfts(server, since))

@@ -69,7 +69,7 @@ class Tally:
                 i.opened_at for i in store.incidents(now - DAY, name) if i.opened_at >= now - DAY
             ),
             gave_up=deque(
-                (e.at, _count(e.data.get("count")))
+                (e.at, event_count(e.data.get("count")))
                 for e in store.events(name, since=now - DAY, kind=EventKind.GAVE_UP)
             ),
             restarts_before=[r.at for r in restarts],
@@ -119,7 +119,7 @@ class Tally:
         )
 
 
-def _count(value: object) -> int:
+def event_count(value: object) -> int:
     """A count as this watchdog writes it; anything else (a row edited by hand) counts 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 

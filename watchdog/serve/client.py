@@ -119,6 +119,25 @@ def remote_status(url: str, token: str | None = None) -> dict[str, Any]:
     return doc
 
 
+def page_url(state_dir: Path) -> str:
+    """The running watchdog's status page, checked to answer without a token (a browser sends
+    none). A wildcard address (0.0.0.0, ::) is opened on this machine's loopback."""
+    url = daemon_url(state_dir)
+    parts = urlsplit(url)
+    if parts.hostname in ("0.0.0.0", "::"):
+        url = f"http://{'127.0.0.1' if parts.hostname == '0.0.0.0' else '[::1]'}:{parts.port}"
+    status, _ = _request(url, "GET", "/")
+    if status == 401:
+        raise DaemonNotRunning(
+            f"the page at {url}/ needs the API token, as /status does, because the endpoint "
+            'listens beyond loopback: add "/status" to watchdog.open_routes to open both to '
+            "your network, or listen on 127.0.0.1"
+        )
+    if status != 200:
+        raise DaemonNotRunning(f"the watchdog at {url} answered HTTP {status} for its page")
+    return url + "/"
+
+
 def history_status(config: Config, why: str, now: float | None = None) -> dict[str, Any]:
     """The status document built from the history database, saying why it is not live."""
     from mlx_watchdog.record.store import open_history

@@ -2,8 +2,9 @@
 
 `GET /healthz` and `/healthz/<name>` answer 200 while a server can take traffic and 503 when it
 is wedged, dead, down, starting, draining or restarting; `GET /status` is JSON; `GET /metrics`
-is the Prometheus text format. `POST /servers/<name>/restart|drain|undrain` need the bearer
-token from a file only the user can read, and go through the daemon's one restart path.
+is the Prometheus text format; `GET /` is the status page for people (serve/page.py).
+`POST /servers/<name>/restart|drain|undrain` need the bearer token from a file only the user
+can read, and go through the daemon's one restart path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mlx_watchdog.config.values import GUARDED_ROUTES, is_loopback
 from mlx_watchdog.cycle import Conflict  # 409: the ask repeats what runs or just ran
 from mlx_watchdog.record.private import UnsafeState, private_dir, read_private
 from mlx_watchdog.sense.bounded import Cutoff
+from mlx_watchdog.serve.page import HEADERS as PAGE_HEADERS
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -46,6 +48,9 @@ class Backend(Protocol):
 
     def prometheus(self) -> tuple[bytes, str]:
         """The Prometheus exposition and its content type."""
+
+    def page(self) -> str:
+        """The status page (serve/page.py)."""
 
     def act(self, name: str, action: str) -> str:
         """Queue `action` for server `name`; the message to answer. KeyError: no such server;
@@ -96,7 +101,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(401, f"{path} needs the bearer token here (the api-token file)")
             return
-        if path == "/status":
+        if path == "/":
+            page = self.backend.page().encode()
+            self._send(200, page, "text/html; charset=utf-8", PAGE_HEADERS)
+        elif path == "/status":
             self._json(200, self.backend.status())
         elif path == "/metrics":
             body, ctype = self.backend.prometheus()
@@ -112,7 +120,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         parts = self.path.split("?", 1)[0].strip("/").split("/")
         if not (len(parts) == 3 and parts[0] == "servers" and parts[2] in ACTIONS):
             self.close_connection = True  # its body, if any, is never read
-            if parts[0] in ("status", "metrics", "healthz"):
+            if parts[0] in ("", "status", "metrics", "healthz"):
                 self._error(405, "use GET", allow="GET")
             else:
                 self._error(404, f"no such path: /{'/'.join(parts)}")
@@ -274,11 +282,12 @@ def start(
     backend: Backend, host: str, port: int, token: str, open_routes: tuple[str, ...] = ()
 ) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
     """Serve in a background thread; OSError when the address cannot be bound. Beyond
-    loopback, /status and /metrics need the token unless named in `open_routes`; /healthz is
-    always open (load balancers)."""
+    loopback, /status (and the page at /, which shows the same) and /metrics need the token
+    unless named in `open_routes`; /healthz is always open (load balancers)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("Server", (_Server,), {"address_family": family})
     guarded = () if is_loopback(host) else tuple(r for r in GUARDED_ROUTES if r not in open_routes)
+    guarded += ("/",) if "/status" in guarded else ()  # the page shows what /status does
     server = server_class((host, port), make_handler(backend, token, guarded))
     thread = threading.Thread(target=server.serve_forever, name="endpoint", daemon=True)
     thread.start()

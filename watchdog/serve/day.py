@@ -1,0 +1,149 @@
+"""A server's last day as the status page draws it, read from the history.
+
+The page may be asked for often (a tab left open, a wall screen, someone holding F5); the
+history is read at most once per server every `Days.fresh_s`, so a page view never competes
+with the probing for the database. The live part of the page (state, reason, numbers) comes
+from the daemon's memory at each request; only the charts may be that many seconds old.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind
+from mlx_watchdog.record.store import Incident, Store
+from mlx_watchdog.record.tally import DAY, event_count
+
+HOUR = 3600.0
+MAX_POINTS = 720  # TTFT points drawn; more probes than that are shown as each span's slowest
+INCIDENTS_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class Run:
+    """A stretch of the day spent in one state, as the probes saw it."""
+
+    state: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Day:
+    since: float
+    until: float
+    runs: tuple[Run, ...] = ()
+    ttfts: tuple[tuple[float, float], ...] = ()  # (when, seconds), oldest first
+    probes_with_token: int = 0  # before any thinning to MAX_POINTS
+    restarts: tuple[int, ...] = (0,) * 24  # per hour, oldest hour first
+    gave_up: tuple[int, ...] = (0,) * 24
+    incidents: tuple[Incident, ...] = ()  # newest first
+    advice: dict[str, Any] | None = None  # the last calibration's: at, prompt and timeouts
+    problem: str | None = None  # the history could not be read as expected
+
+
+def runs_of(probes: Sequence[tuple[float, str]], until: float, step: float) -> list[Run]:
+    """Consecutive probes of one state as one run; a run lasts to the next probe, or `step`
+    past its last one when the next is more than three steps away (the watchdog was not
+    running: that time is left blank, not drawn as the state it had before)."""
+    runs: list[Run] = []
+    for i, (at, state) in enumerate(probes):
+        nxt = probes[i + 1][0] if i + 1 < len(probes) else None
+        end = nxt if nxt is not None and nxt - at <= 3 * step else at + step
+        end = min(end, until)
+        shown = state if state in SHOWN_STATES else UNKNOWN
+        if runs and runs[-1].state == shown and runs[-1].end >= at:
+            runs[-1] = Run(shown, runs[-1].start, max(runs[-1].end, end))
+        else:
+            runs.append(Run(shown, at, max(at, end)))
+    return runs
+
+
+def thin(
+    points: Sequence[tuple[float, float]], since: float, until: float
+) -> list[tuple[float, float]]:
+    """At most MAX_POINTS: beyond that, the slowest TTFT of each of MAX_POINTS equal spans (a
+    spike must stay visible; an average would hide it)."""
+    if len(points) <= MAX_POINTS:
+        return list(points)
+    width = (until - since) / MAX_POINTS
+    slowest: dict[int, tuple[float, float]] = {}
+    for at, s in points:
+        k = min(MAX_POINTS - 1, max(0, int((at - since) / width)))
+        if k not in slowest or s > slowest[k][1]:
+            slowest[k] = (at, s)
+    return [slowest[k] for k in sorted(slowest)]
+
+
+def per_hour(times: Sequence[tuple[float, int]], since: float) -> tuple[int, ...]:
+    counts = [0] * 24
+    for at, n in times:
+        if at >= since:
+            counts[min(23, int((at - since) // HOUR))] += n
+    return tuple(counts)
+
+
+def read_day(store: Store, server: str, now: float, step: float) -> Day:
+    since = now - DAY
+    probes = store.states(server, since)
+    with_token = [(at, t) for at, _, t in probes if t is not None]
+    gave_up = [
+        (e.at, event_count(e.data.get("count")))
+        for e in store.events(server, since=since, kind=EventKind.GAVE_UP)
+    ]
+    incidents = store.incidents(since, server)[-INCIDENTS_SHOWN:]
+    return Day(
+        since=since,
+        until=now,
+        runs=tuple(runs_of([(at, state) for at, state, _ in probes], now, step)),
+        ttfts=tuple(thin(with_token, since, now)),
+        probes_with_token=len(with_token),
+        restarts=per_hour([(r.at, 1) for r in store.restarts(server, since)], since),
+        gave_up=per_hour(gave_up, since),
+        incidents=tuple(reversed(incidents)),
+        advice=_advice(store.last_calibration(server)),
+    )
+
+
+def _advice(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The calibration's advice when it has the numbers the page shows (a row edited by hand,
+    or from another version, is shown as none rather than break the page)."""
+    if not doc or not isinstance(doc.get("advice"), dict):
+        return None
+    a = doc["advice"]
+    keys = ("prompt_tokens", "prefill_s", "client_s", "agent_s", "load_balancer_s")
+    if not all(isinstance(a.get(k), int | float) and not isinstance(a.get(k), bool) for k in keys):
+        return None
+    at = doc.get("at")
+    return {"at": at if isinstance(at, int | float) else None, **{k: a[k] for k in keys}}
+
+
+@dataclass
+class Days:
+    """Each server's Day, read again once it is `fresh_s` old; one reader at a time."""
+
+    store: Store
+    step: Callable[[], float]  # the probe interval
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    fresh_s: float = 10.0
+    _kept: dict[str, tuple[float, Day]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def of(self, servers: Sequence[str]) -> dict[str, Day]:
+        with self._lock:
+            return {name: self._one(name, self.clock(), self.monotonic()) for name in servers}
+
+    def _one(self, server: str, now: float, mono: float) -> Day:
+        kept = self._kept.get(server)
+        if kept is not None and 0 <= mono - kept[0] < self.fresh_s:
+            return kept[1]
+        try:
+            day = read_day(self.store, server, now, self.step())
+        except (ValueError, TypeError) as exc:  # a value in the history of the wrong type
+            day = Day(since=now - DAY, until=now, problem=f"history unreadable: {exc}")
+        self._kept[server] = (mono, day)
+        return day

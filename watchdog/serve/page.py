@@ -1,0 +1,313 @@
+"""The status page at `GET /`: one HTML document, drawn on the watchdog, nothing to fetch.
+
+No script, no asset from anywhere (the charts are inline SVG, the style one inline block
+allowed by its hash in the Content-Security-Policy), a refresh by `<meta http-equiv>`: it
+reads the same with JavaScript off, and a page that can load nothing cannot leak anything.
+Every text from outside (reasons, model answers, advice, names) is escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+
+from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN
+from mlx_watchdog.serve.day import HOUR, Day
+
+WIDTH = 720  # the charts' own units; CSS stretches them to the page
+REASON_SHOWN = 300  # characters of an incident's reason in the table
+
+CSS = """
+:root{color-scheme:light dark;--fg:#1b1f23;--bg:#fff;--muted:#5f6b76;--line:#d0d7de;--card:#f6f8fa}
+@media (prefers-color-scheme:dark){:root{--fg:#e6edf3;--bg:#0d1117;--muted:#8b949e;--line:#30363d;--card:#161b22}}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:64rem;padding:1rem;color:var(--fg);background:var(--bg)}
+header p,.muted,figcaption,.note{color:var(--muted)}
+h1{font-size:1.3rem;margin:.2rem 0}h2{font-size:1.15rem;margin:0 0 .3rem}h3{font-size:1rem;margin:1rem 0 .3rem}
+section.server{border:1px solid var(--line);border-left-width:.5rem;border-radius:.4rem;padding:.8rem 1rem;margin:1rem 0;background:var(--card)}
+.badge{display:inline-block;padding:0 .5rem;border-radius:1rem;color:#fff;font-weight:600;margin-right:.4rem}
+.alert{border:1px solid #c62828;border-radius:.3rem;padding:.3rem .6rem;margin:.4rem 0}
+dl.numbers{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.3rem 1rem;margin:.6rem 0}
+dl.numbers div{min-width:0}dt{color:var(--muted);font-size:.8rem}dd{margin:0;font-weight:600}
+figure{margin:.6rem 0}svg{display:block;width:100%;height:auto;overflow:visible}
+svg text{fill:var(--muted);font-size:10px}svg line{stroke:var(--line)}
+table{border-collapse:collapse;width:100%;font-size:.9rem}th,td{text-align:left;padding:.2rem .4rem;border-bottom:1px solid var(--line);vertical-align:top}
+td.reason{overflow-wrap:anywhere}
+.legend span{margin-right:.8rem;white-space:nowrap}.legend i{display:inline-block;width:.7rem;height:.7rem;margin-right:.25rem;border-radius:.15rem}
+polyline.ttft{fill:none;stroke:#1565c0;stroke-width:1.5}circle.ttft{fill:#1565c0}
+rect.restarts{fill:#c62828}rect.gave-up{fill:#ef6c00}i.restarts{background:#c62828}i.gave-up{background:#ef6c00}
+"""
+COLOURS = {
+    "healthy": "#2e7d32",
+    "busy": "#ef6c00",
+    "slow": "#ef6c00",
+    "starting": "#1565c0",
+    "wedged": "#c62828",
+    "dead": "#c62828",
+    "down": "#c62828",
+    UNKNOWN: "#757575",
+}
+CSS += "".join(
+    f".s-{s}{{fill:{c}}}i.s-{s},.badge.s-{s}{{background:{c}}}section.s-{s}{{border-left-color:{c}}}"
+    for s, c in COLOURS.items()
+)
+STYLE_HASH = base64.b64encode(hashlib.sha256(CSS.encode()).digest()).decode()
+CSP = (
+    f"default-src 'none'; style-src 'sha256-{STYLE_HASH}'; img-src data:; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+def refresh_s(interval: float) -> int:
+    """How often the page reloads: with the probing, between 5 s and a minute."""
+    return int(min(60, max(5, round(interval))))
+
+
+def render(doc: dict[str, Any], days: dict[str, Day], now: float, refresh_s: int) -> str:
+    """The page for a status document (as `/status` serves it) and each server's day."""
+    servers = doc["servers"]
+    down = [s for s in servers if not s["serving"]]
+    title = f"{len(down)} of {len(servers)} unavailable" if down else "all serving"
+    sections = "\n".join(
+        _server(s, days.get(s["name"]) or Day(since=now - 24 * HOUR, until=now), now)
+        for s in servers
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="{refresh_s}">
+<link rel="icon" href="data:,">
+<title>{escape(title)} · mlx-watchdog</title>
+<style>{CSS}</style></head>
+<body>
+{_header(doc["watchdog"], now, refresh_s)}
+<main>
+{sections or '<p class="note">No servers are configured.</p>'}
+</main>
+</body></html>
+"""
+
+
+def _header(w: dict[str, Any], now: float, refresh_s: int) -> str:
+    problem = w.get("history_problem")
+    offset = time.strftime("%z", time.localtime(now))
+    return (
+        f"<header><h1>mlx-watchdog</h1><p>version {escape(str(w.get('version')))}, "
+        f"pid {escape(str(w.get('pid')))}, probing every {_num(w.get('interval_s'))} s. "
+        f"As of {_clock(now)} (UTC{offset[:3]}:{offset[3:]}, the watchdog's time); this page "
+        f"reloads every {refresh_s} s. Read-only: actions need the API token.</p>"
+        + (f'<p class="alert">History: {escape(str(problem))}</p>' if problem else "")
+        + "</header>"
+    )
+
+
+def _server(s: dict[str, Any], day: Day, now: float) -> str:
+    state = s["state"] if s["state"] in SHOWN_STATES else UNKNOWN
+    name = escape(str(s["name"]))
+    return f"""<section class="server s-{state}" id="server-{name}" data-state="{state}">
+<h2><span class="badge s-{state}">{state}</span>{name}</h2>
+<p class="reason">{escape(str(s["reason"]))}</p>
+{"".join(_notes(s))}
+{_numbers(s, now)}
+{_timeline(day)}
+{_ttft_chart(day)}
+{_hourly(day)}
+{_incidents(day, now)}
+{_advice(s["name"], day, now)}
+{f'<p class="alert">{escape(day.problem)}</p>' if day.problem else ""}
+</section>"""
+
+
+def _notes(s: dict[str, Any]) -> Iterable[str]:
+    if s.get("needs_person"):
+        yield f'<p class="alert">A person is needed: {escape(str(s["needs_person"]))}</p>'
+    if s.get("restarting"):
+        yield '<p class="alert">Restarting now.</p>'
+    if s.get("draining"):
+        yield '<p class="alert">Drained: load balancers are told to send it nothing.</p>'
+    c = s.get("clearing")
+    if isinstance(c, dict):
+        yield (
+            f'<p class="alert">Waiting {_num(c.get("waited_s"))} s for an abandoned prefill to '
+            f"finish instead of restarting; restart in {_num(c.get('restart_in_s'))} s if not.</p>"
+        )
+
+
+def _numbers(s: dict[str, Any], now: float) -> str:
+    last = s.get("last_token_at")
+    p50, p95 = s.get("ttft_p50_s"), s.get("ttft_p95_s")
+    ttft = "none in the last hour" if p50 is None else f"{p50:.2f} s / {p95:.2f} s"
+    items = [
+        ("serving", "yes" if s["serving"] else "no"),
+        ("last token", "never" if last is None else _ago(now - last)),
+        (f"TTFT p50 / p95 ({s.get('ttft_samples', 0)} in 1 h)", ttft),
+        ("restarts (24 h)", str(s.get("restarts_24h", 0))),
+        ("restart budget left", str(s.get("budget_left"))),
+        ("incidents (24 h)", str(s.get("incidents_24h", 0))),
+        ("clients that gave up (24 h)", str(s.get("gave_up_24h", 0))),
+        (
+            "in the state since",
+            "-" if s.get("state_since") is None else _ago(now - s["state_since"]),
+        ),
+    ]
+    cells = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in items)
+    return f'<dl class="numbers">{cells}</dl>'
+
+
+def _x(at: float, day: Day) -> float:
+    span = max(1.0, day.until - day.since)
+    return round(min(WIDTH, max(0.0, (at - day.since) / span * WIDTH)), 1)
+
+
+def _axis(day: Day, y: int) -> str:
+    """A tick and a clock label every six hours of the watchdog's local time."""
+    marks = []
+    first = (int(day.since // HOUR) + 1) * HOUR
+    for at in (first + k * HOUR for k in range(24)):
+        if at <= day.until and time.localtime(at).tm_hour % 6 == 0:
+            x = _x(at, day)
+            marks.append(
+                f'<line x1="{x}" x2="{x}" y1="0" y2="{y}"/>'
+                f'<text x="{x}" y="{y + 11}" text-anchor="middle">{_clock(at, seconds=False)}</text>'
+            )
+    return "".join(marks)
+
+
+def _timeline(day: Day) -> str:
+    rects = "".join(
+        f'<rect class="run s-{r.state}" x="{_x(r.start, day)}" y="0" height="24" '
+        f'width="{max(0.5, round(_x(r.end, day) - _x(r.start, day), 1))}">'
+        f"<title>{r.state} {_clock(r.start)} to {_clock(r.end)}</title></rect>"
+        for r in day.runs
+    )
+    seen = sorted({r.state for r in day.runs}, key=SHOWN_STATES.index)
+    legend = "".join(f'<span><i class="s-{s}"></i>{s}</span>' for s in seen)
+    return (
+        f'<figure class="timeline"><svg viewBox="0 0 {WIDTH} 40" role="img" '
+        f'aria-label="state over the last 24 hours">{_axis(day, 26)}{rects}</svg>'
+        f"<figcaption>State, last 24 hours ({len(day.runs)} stretches; blank: not probed). "
+        f'<span class="legend">{legend}</span></figcaption></figure>'
+    )
+
+
+def _ttft_chart(day: Day) -> str:
+    points = day.ttfts
+    if not points:
+        return '<figure class="ttft"><figcaption>TTFT: no token in the last 24 hours.</figcaption></figure>'
+    top = max(t for _, t in points) * 1.1 or 1.0
+    xy = " ".join(f"{_x(at, day)},{round(100 - t / top * 100, 1)}" for at, t in points)
+    dots = "".join(
+        f'<circle class="ttft" cx="{_x(at, day)}" cy="{round(100 - t / top * 100, 1)}" r="2"/>'
+        for at, t in points
+        if len(points) == 1
+    )
+    thinned = (
+        f", the slowest of each of {len(points)} spans"
+        if day.probes_with_token > len(points)
+        else ""
+    )
+    return (
+        f'<figure class="ttft"><svg viewBox="0 0 {WIDTH} 116" role="img" '
+        f'aria-label="time to first token over the last 24 hours">{_axis(day, 102)}'
+        f'<text x="2" y="9">{top:.2f} s</text>'
+        f'<polyline class="ttft" data-points="{len(points)}" points="{xy}"/>{dots}</svg>'
+        f"<figcaption>Time to first token of each probe, last 24 hours "
+        f"({day.probes_with_token} probes with a token{thinned}).</figcaption></figure>"
+    )
+
+
+def _hourly(day: Day) -> str:
+    top = max(1, *day.restarts, *day.gave_up)
+    slot = WIDTH / 24
+    bars = []
+    for kind, counts, shift in (("restarts", day.restarts, 0.15), ("gave-up", day.gave_up, 0.5)):
+        for h, n in enumerate(counts):
+            if n:
+                height = round(max(2.0, n / top * 44), 1)
+                start = day.since + h * HOUR
+                what = "restart" if kind == "restarts" else "client gave up"
+                bars.append(
+                    f'<rect class="{kind}" data-hour="{h}" data-count="{n}" '
+                    f'x="{round(h * slot + shift * slot, 1)}" y="{round(46 - height, 1)}" '
+                    f'width="{round(slot * 0.35, 1)}" height="{height}"><title>{n} '
+                    f"{what}{'s' if n != 1 and kind == 'restarts' else ''} "
+                    f"from {_clock(start, seconds=False)}</title></rect>"
+                )
+    return (
+        f'<figure class="hourly"><svg viewBox="0 0 {WIDTH} 60" role="img" '
+        f'aria-label="restarts and clients that gave up, per hour">{_axis(day, 46)}'
+        f"{''.join(bars)}</svg><figcaption>Per hour, last 24 hours (tallest: {top}): "
+        f'<span class="legend"><span><i class="restarts"></i>restarts ({sum(day.restarts)})</span>'
+        f'<span><i class="gave-up"></i>clients that gave up ({sum(day.gave_up)})</span></span>'
+        f"</figcaption></figure>"
+    )
+
+
+def _incidents(day: Day, now: float) -> str:
+    if not day.incidents:
+        return '<h3>Recent incidents</h3><p class="note">None in the last 24 hours.</p>'
+    rows = []
+    for i in day.incidents:
+        done = ", ".join(
+            f"{a.get('action', '?')}: {a.get('outcome', '?')}"
+            for a in i.actions
+            if isinstance(a, dict)
+        )
+        outage = "ongoing" if i.closed_at is None else f"{i.outage_s or 0:.0f} s"
+        reason = i.reason if len(i.reason) <= REASON_SHOWN else i.reason[:REASON_SHOWN] + "..."
+        rows.append(
+            f'<tr class="incident"><td>{i.id}</td><td>{_clock(i.began_at)} ({_ago(now - i.began_at)})</td>'
+            f"<td>{escape(i.state)}</td><td>{outage}</td>"
+            f'<td class="reason">{escape(reason)}</td><td>{escape(done or "-")}</td>'
+            f"<td>{escape(i.outcome or '-')}</td></tr>"
+        )
+    advice = next((i.advice for i in day.incidents if i.advice), None)
+    return (
+        "<h3>Recent incidents</h3><table><thead><tr><th>#</th><th>began</th><th>state</th>"
+        "<th>outage</th><th>reason</th><th>what was done</th><th>outcome</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        + (f'<p class="advice">Advice: {escape(advice)}</p>' if advice else "")
+    )
+
+
+def _advice(name: str, day: Day, now: float) -> str:
+    a = day.advice
+    if a is None:
+        return (
+            '<h3>Timeouts clients need</h3><p class="note">Not calibrated yet: run '
+            f"<code>mlx-watchdog calibrate --server {escape(name)}</code>.</p>"
+        )
+    when = "" if a["at"] is None else f" (calibrated {_ago(now - a['at'])})"
+    return (
+        f'<h3>Timeouts clients need</h3><p class="calibration">For a '
+        f"{int(a['prompt_tokens']):,}-token prompt, about {a['prefill_s']:.0f} s to prefill{when}: "
+        f"clients {a['client_s']:.0f} s, agent frameworks {a['agent_s']:.0f} s, load balancers "
+        f"and proxies {a['load_balancer_s']:.0f} s. A layer that gives up sooner leaves the "
+        f"server working for nobody.</p>"
+    )
+
+
+def _clock(at: float, seconds: bool = True) -> str:
+    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(at))
+
+
+def _ago(seconds: float) -> str:
+    s = max(0.0, seconds)
+    if s < 120:
+        return f"{s:.0f} s ago"
+    if s < 7200:
+        return f"{s / 60:.0f} min ago"
+    return f"{s / 3600:.1f} h ago"
+
+
+def _num(value: object) -> str:
+    return escape(f"{value:g}" if isinstance(value, int | float) else str(value))
