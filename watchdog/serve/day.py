@@ -35,6 +35,7 @@ class Run:
 class Day:
     since: float
     until: float
+    step: float = 30.0  # the probe interval: a longer gap between two probes is no data
     runs: tuple[Run, ...] = ()
     ttfts: tuple[tuple[float, float], ...] = ()  # (when, seconds), oldest first
     probes_with_token: int = 0  # before any thinning to MAX_POINTS
@@ -43,6 +44,18 @@ class Day:
     incidents: tuple[Incident, ...] = ()  # newest first
     advice: dict[str, Any] | None = None  # the last calibration's: at, prompt and timeouts
     problem: str | None = None  # the history could not be read as expected
+
+
+def lines_of(points: Sequence[tuple[float, float]], step: float) -> list[list[tuple[float, float]]]:
+    """The TTFT points cut where no token came for more than three probe intervals (a wedge,
+    or the watchdog away): a line drawn across would show times nobody measured."""
+    lines: list[list[tuple[float, float]]] = []
+    for point in points:
+        if lines and point[0] - lines[-1][-1][0] <= 3 * step:
+            lines[-1].append(point)
+        else:
+            lines.append([point])
+    return lines
 
 
 def runs_of(probes: Sequence[tuple[float, str]], until: float, step: float) -> list[Run]:
@@ -98,6 +111,7 @@ def read_day(store: Store, server: str, now: float, step: float) -> Day:
     return Day(
         since=since,
         until=now,
+        step=step,
         runs=tuple(runs_of([(at, state) for at, state, _ in probes], now, step)),
         ttfts=tuple(thin(with_token, since, now)),
         probes_with_token=len(with_token),

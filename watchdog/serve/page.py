@@ -16,7 +16,7 @@ from html import escape
 from typing import Any
 
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN
-from mlx_watchdog.serve.day import HOUR, Day
+from mlx_watchdog.serve.day import HOUR, Day, lines_of
 
 WIDTH = 720  # the charts' own units; CSS stretches them to the page
 REASON_SHOWN = 300  # characters of an incident's reason in the table
@@ -35,7 +35,7 @@ dl.numbers div{min-width:0}dt{color:var(--muted);font-size:.8rem}dd{margin:0;fon
 figure{margin:.6rem 0}svg{display:block;width:100%;height:auto;overflow:visible}
 svg text{fill:var(--muted);font-size:10px}svg line{stroke:var(--line)}
 table{border-collapse:collapse;width:100%;font-size:.9rem}th,td{text-align:left;padding:.2rem .4rem;border-bottom:1px solid var(--line);vertical-align:top}
-td.reason{overflow-wrap:anywhere}
+td.reason{overflow-wrap:anywhere;min-width:10rem}.wide{overflow-x:auto}
 .legend span{margin-right:.8rem;white-space:nowrap}.legend i{display:inline-block;width:.7rem;height:.7rem;margin-right:.25rem;border-radius:.15rem}
 polyline.ttft{fill:none;stroke:#1565c0;stroke-width:1.5}circle.ttft{fill:#1565c0}
 rect.restarts{fill:#c62828}rect.gave-up{fill:#ef6c00}i.restarts{background:#c62828}i.gave-up{background:#ef6c00}
@@ -202,13 +202,21 @@ def _timeline(day: Day) -> str:
 def _ttft_chart(day: Day) -> str:
     points = day.ttfts
     if not points:
-        return '<figure class="ttft"><figcaption>TTFT: no token in the last 24 hours.</figcaption></figure>'
+        return (
+            '<figure class="ttft"><figcaption>Time to first token: no token in the last 24 '
+            "hours.</figcaption></figure>"
+        )
     top = max(t for _, t in points) * 1.1 or 1.0
-    xy = " ".join(f"{_x(at, day)},{round(100 - t / top * 100, 1)}" for at, t in points)
-    dots = "".join(
-        f'<circle class="ttft" cx="{_x(at, day)}" cy="{round(100 - t / top * 100, 1)}" r="2"/>'
-        for at, t in points
-        if len(points) == 1
+
+    def y(t: float) -> float:
+        return round(100 - t / top * 100, 1)
+
+    # Points alone (a token between two gaps) as dots; the others as lines.
+    shapes = "".join(
+        f'<polyline class="ttft" points="{" ".join(f"{_x(at, day)},{y(t)}" for at, t in line)}"/>'
+        if len(line) > 1
+        else f'<circle class="ttft" cx="{_x(line[0][0], day)}" cy="{y(line[0][1])}" r="2"/>'
+        for line in lines_of(points, day.step)
     )
     thinned = (
         f", the slowest of each of {len(points)} spans"
@@ -218,10 +226,10 @@ def _ttft_chart(day: Day) -> str:
     return (
         f'<figure class="ttft"><svg viewBox="0 0 {WIDTH} 116" role="img" '
         f'aria-label="time to first token over the last 24 hours">{_axis(day, 102)}'
-        f'<text x="2" y="9">{top:.2f} s</text>'
-        f'<polyline class="ttft" data-points="{len(points)}" points="{xy}"/>{dots}</svg>'
+        f'<text x="2" y="9">{top:.2f} s</text><text x="2" y="99">0 s</text>{shapes}</svg>'
         f"<figcaption>Time to first token of each probe, last 24 hours "
-        f"({day.probes_with_token} probes with a token{thinned}).</figcaption></figure>"
+        f"({day.probes_with_token} probes with a token{thinned}; a break: none for over "
+        f"three probes).</figcaption></figure>"
     )
 
 
@@ -272,10 +280,14 @@ def _incidents(day: Day, now: float) -> str:
         )
     advice = next((i.advice for i in day.incidents if i.advice), None)
     return (
-        "<h3>Recent incidents</h3><table><thead><tr><th>#</th><th>began</th><th>state</th>"
-        "<th>outage</th><th>reason</th><th>what was done</th><th>outcome</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
-        + (f'<p class="advice">Advice: {escape(advice)}</p>' if advice else "")
+        '<h3>Recent incidents</h3><div class="wide"><table><thead><tr><th>#</th><th>began</th>'
+        "<th>state</th><th>outage</th><th>reason</th><th>what was done</th><th>outcome</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        + (
+            f'<p class="advice">Advice from the last incident: {escape(advice)}</p>'
+            if advice
+            else ""
+        )
     )
 
 

@@ -1,0 +1,261 @@
+"""The status page without a browser: what the history gives it, what it escapes, how it is
+served and guarded, and `mlx-watchdog open`. tests/test_page_browser.py looks at it in one."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import stat
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.record.store import Store
+from mlx_watchdog.serve.day import MAX_POINTS, Days, read_day, runs_of, thin
+from mlx_watchdog.serve.endpoint import start
+from mlx_watchdog.serve.page import CSP, render
+from tests.builders import watchdog_config
+from tests.conftest import DaemonThread, Running, mlx_watchdog, until
+from tests.pageday import STEP, a_day, status_doc
+
+NOW = 1_780_000_000.0
+
+
+class PageBackend:
+    """What the daemon gives the endpoint, from a status document and a history."""
+
+    def __init__(self, store: Store, doc: dict[str, object]) -> None:
+        self.doc, self.days = doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic)
+
+    def status(self) -> dict[str, object]:
+        return self.doc
+
+    def prometheus(self) -> tuple[bytes, str]:
+        return b"", "text/plain"
+
+    def page(self) -> str:
+        names = [s["name"] for s in self.doc["servers"]]  # type: ignore[attr-defined]
+        return render(self.doc, self.days.of(names), NOW, 10)  # type: ignore[arg-type]
+
+    def act(self, name: str, action: str) -> str:
+        raise KeyError(name)
+
+
+def test_a_day_reads_back_as_written() -> None:
+    store = Store(None)
+    written = a_day(store, "x", NOW)
+    day = read_day(store, "x", NOW, STEP)
+    assert [r.state for r in day.runs] == written.runs
+    assert len(day.ttfts) == day.probes_with_token == written.probes_with_token
+    assert {h: n for h, n in enumerate(day.restarts) if n} == written.restarts_by_hour
+    assert {h: n for h, n in enumerate(day.gave_up) if n} == written.gave_up_by_hour
+    assert len(day.incidents) == written.incidents and day.incidents[0].outage_s == 1800
+    assert day.advice is not None and day.advice["client_s"] == 150
+
+
+def test_runs_leave_unprobed_time_blank_and_merge_a_state() -> None:
+    probes = [(0.0, "healthy"), (30.0, "healthy"), (60.0, "wedged"), (500.0, "wedged")]
+    runs = runs_of(probes, until=1000.0, step=30.0)
+    assert [(r.state, r.start, r.end) for r in runs] == [
+        ("healthy", 0.0, 60.0),
+        ("wedged", 60.0, 90.0),  # the next probe is 440 s later: the watchdog was away
+        ("wedged", 500.0, 530.0),
+    ]
+    assert runs_of([(0.0, "<b>nonsense</b>")], 10.0, 30.0)[0].state == "unknown"
+    assert runs_of([(995.0, "healthy")], 1000.0, 30.0)[0].end == 1000.0  # never past now
+
+
+def test_many_probes_are_thinned_to_each_spans_slowest() -> None:
+    points = [(float(i), 0.1) for i in range(5000)]
+    points[4321] = (4321.0, 9.0)
+    kept = thin(points, 0.0, 5000.0)
+    assert len(kept) == MAX_POINTS
+    assert (4321.0, 9.0) in kept  # a spike survives
+    assert thin(points[:10], 0.0, 5000.0) == points[:10]
+
+
+def test_hostile_text_is_escaped_and_the_style_is_the_one_the_policy_allows() -> None:
+    store = Store(None)
+    hostile = '<script>alert(1)</script><img src="http://example.com/x">'
+    a_day(store, "srv-healthy", NOW, hostile=hostile)
+    doc = status_doc(NOW, ("healthy", "wedged"))
+    doc["servers"][0]["reason"] = hostile  # type: ignore[index]
+    doc["servers"][0]["needs_person"] = hostile  # type: ignore[index]
+    html = render(
+        doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-healthy"]), NOW, 10
+    )
+    assert "<script" not in html and "<img" not in html
+    assert html.count("&lt;script&gt;") >= 3  # the reason, the person note, the incident, advice
+    style = re.search(r"<style>(.*?)</style>", html, re.S)
+    assert style is not None
+    digest = base64.b64encode(hashlib.sha256(style.group(1).encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in CSP
+    assert "default-src 'none'" in CSP and "script-src" not in CSP  # no script at all
+
+
+def test_a_history_value_of_the_wrong_type_is_said_on_the_page() -> None:
+    store = Store(None)
+    store.record_probe("x", NOW - 60, "healthy", "ok", {"ttft_s": 0.1})
+    store.db.guard(None, lambda db: db.execute("UPDATE probes SET at = 'soon'"))
+    days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["x"])
+    assert days["x"].problem is not None and "history unreadable" in days["x"].problem
+    doc = status_doc(NOW, ("healthy",))
+    doc["servers"][0]["name"] = "x"  # type: ignore[index]
+    assert "history unreadable" in render(doc, days, NOW, 10)
+
+
+def test_the_history_is_read_once_per_fresh_span() -> None:
+    store = Store(None)
+    mono = [0.0]
+    days = Days(store, lambda: STEP, lambda: NOW, lambda: mono[0], fresh_s=10.0)
+    assert days.of(["x"])["x"].probes_with_token == 0
+    store.record_probe("x", NOW - 60, "healthy", "ok", {"ttft_s": 0.1})
+    mono[0] = 9.0
+    assert days.of(["x"])["x"].probes_with_token == 0  # kept: a page view reads nothing
+    mono[0] = 10.5
+    assert days.of(["x"])["x"].probes_with_token == 1
+
+
+def test_the_page_is_served_with_its_policy_and_read_only() -> None:
+    store = Store(None)
+    a_day(store, "srv-healthy", NOW)
+    server, _ = start(PageBackend(store, status_doc(NOW)), "127.0.0.1", 0, "t" * 20)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        r = httpx.get(url + "/", timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+        assert r.headers["content-security-policy"] == CSP
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert '<meta http-equiv="refresh" content="10">' in r.text
+        assert r.text.count('<section class="server') == 8  # one per state
+        assert httpx.post(url + "/", timeout=10).status_code == 405
+        assert httpx.get(url + "/?x=1", timeout=10).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("open_routes", "page_code"), [((), 401), (("/status",), 200), (("/metrics",), 401)]
+)
+def test_beyond_loopback_the_page_follows_the_status_rule(
+    open_routes: tuple[str, ...], page_code: int
+) -> None:
+    store = Store(None)
+    server, _ = start(
+        PageBackend(store, status_doc(NOW, ("healthy",))), "0.0.0.0", 0, "t" * 20, open_routes
+    )
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert httpx.get(url + "/", timeout=10).status_code == page_code
+        assert httpx.get(url + "/status", timeout=10).status_code == page_code
+        auth = {"Authorization": "Bearer " + "t" * 20}
+        assert httpx.get(url + "/", headers=auth, timeout=10).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_page_has_no_script_and_no_address_elsewhere() -> None:
+    store = Store(None)
+    a_day(store, "srv-wedged", NOW)
+    html = render(
+        status_doc(NOW),
+        Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged"]),
+        NOW,
+        10,
+    )
+    assert "<script" not in html and " on" not in re.sub(r">[^<]*<", "><", html)  # no handlers
+    assert not re.findall(r"(?:src|href)=\"(?!data:)", html)  # nothing to fetch
+
+
+def _browser_script(tmp_path: Path) -> tuple[Path, Path]:
+    """A browser for Python's webbrowser ($BROWSER): writes the address it was given."""
+    seen = tmp_path / "opened"
+    script = tmp_path / "browser"
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nopen({str(seen)!r}, 'w').write(sys.argv[1])\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, seen
+
+
+def _open_config(tmp_path: Path, state: Path) -> Path:
+    from tests.test_daemon import toml
+
+    cfg = tmp_path / "open.toml"
+    server = {"name": "s", "url": "http://127.0.0.1:1"}
+    cfg.write_text(toml({"watchdog": {"state_dir": str(state)}, "server": [server]}))
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("listen", "opened", "works"),
+    [("127.0.0.1", [], True), ("0.0.0.0", [], False), ("0.0.0.0", ["/status"], True)],
+)
+def test_open_starts_the_browser_on_the_page(
+    tmp_path: Path,
+    bad_server: Callable[..., Running],
+    run_daemon: Callable[[object], DaemonThread],
+    listen: str,
+    opened: list[str],
+    works: bool,
+) -> None:
+    state = tmp_path / "state"
+    settings = {"interval": "200ms", "listen": f"{listen}:0", "state_dir": str(state)}
+    server = {"name": "s", "url": bad_server("ok").url, "match": "badserver"}
+    t = run_daemon(
+        Daemon(parse_config({"watchdog": {**settings, "open_routes": opened}, "server": [server]}))
+    )
+    until(lambda: (state / "daemon.json").exists(), 10, "the endpoint")
+    port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
+    script, seen = _browser_script(tmp_path)
+    cfg = _open_config(tmp_path, state)
+    done = mlx_watchdog("open", "--config", str(cfg), env={"BROWSER": str(script)})
+    if not works:
+        assert done.returncode == 1 and not seen.exists()
+        assert "needs the API token" in done.stderr and "open_routes" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    assert seen.read_text() == f"http://127.0.0.1:{port}/"  # a wildcard opens on loopback
+    assert f"opened http://127.0.0.1:{port}/" in done.stdout
+    printed = mlx_watchdog("open", "--config", str(cfg), "--print-url")
+    assert printed.returncode == 0 and printed.stdout.strip() == f"http://127.0.0.1:{port}/"
+    assert "<title>" in httpx.get(printed.stdout.strip(), timeout=10).text
+
+
+def test_open_without_a_running_watchdog_says_so(tmp_path: Path) -> None:
+    script, seen = _browser_script(tmp_path)
+    cfg = _open_config(tmp_path, tmp_path / "state")
+    done = mlx_watchdog("open", "--config", str(cfg), env={"BROWSER": str(script)})
+    assert done.returncode == 1 and "the watchdog is not running" in done.stderr
+    assert not seen.exists()
+
+
+def test_open_with_no_browser_prints_where_the_page_is(
+    tmp_path: Path, bad_server: Callable[..., Running], run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    state = tmp_path / "state"
+    server = {"name": "s", "url": bad_server("ok").url, "match": "badserver"}
+    run_daemon(Daemon(parse_config(watchdog_config(state, [server]))))
+    until(lambda: (state / "daemon.json").exists(), 10, "the endpoint")
+    failing = tmp_path / "nobrowser"
+    failing.write_text("#!/bin/sh\nexit 1\n")
+    failing.chmod(0o755)
+    # Only the given browser: none of this machine's own may be found on PATH.
+    env = {
+        "BROWSER": str(failing),
+        "PATH": str(tmp_path / "empty"),
+        "DISPLAY": "",
+        "WAYLAND_DISPLAY": "",
+    }
+    done = mlx_watchdog("open", "--config", str(_open_config(tmp_path, state)), env=env)
+    assert done.returncode == 1 and "no browser could be started here" in done.stderr
+    assert "http://127.0.0.1:" in done.stderr
