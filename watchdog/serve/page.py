@@ -194,7 +194,8 @@ def _timeline(day: Day) -> str:
     return (
         f'<figure class="timeline"><svg viewBox="0 0 {WIDTH} 40" role="img" '
         f'aria-label="state over the last 24 hours">{_axis(day, 26)}{rects}</svg>'
-        f"<figcaption>State, last 24 hours ({len(day.runs)} stretches; blank: not probed). "
+        f"<figcaption>State, last 24 hours ({len(day.runs)} "
+        f"stretch{'es' if len(day.runs) != 1 else ''}; blank: not probed). "
         f'<span class="legend">{legend}</span></figcaption></figure>'
     )
 
