@@ -44,7 +44,8 @@ def a_day(store: Store, server: str, now: float, *, hostile: str = "") -> Writte
             state = "wedged"
         elif 4 * 3600 - 3600 <= ago < 4 * 3600:
             state = "busy"
-        ttft = None if state == "wedged" else 0.2 + (at % 7) / 10
+        ttft = None if state == "wedged" else 0.2 + (at * 7919 % 97) / 400
+        ttft = ttft + 1.5 if state == "busy" and ttft is not None else ttft  # behind clients
         store.record_probe(server, at, state, "a probe", {"ttft_s": ttft})
         if ttft is not None:
             with_token += 1
@@ -95,7 +96,15 @@ def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> dict[str, 
     servers = []
     for state in states:
         server = watched(f"http://127.0.0.1:1/{state}", name=f"srv-{state}")
-        held = Held(ttfts=[0.2, 0.3, 0.9], restarts=[now - 3600], last_token_at=now - 5)
+        # The numbers of a_day's last 24 hours.
+        wedge = now - 10 * 3600 + 60
+        held = Held(
+            ttfts=[0.2, 0.3, 0.9],
+            restarts=[wedge, wedge + 60],
+            last_token_at=now - 5,
+            incidents_24h=1,
+            gave_up_24h=3,
+        )
         servers.append(
             describe(
                 server,

@@ -18,7 +18,7 @@ import pytest
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.serve.day import MAX_POINTS, Days, read_day, runs_of, thin
+from mlx_watchdog.serve.day import MAX_POINTS, MAX_RUNS, Days, read_day, runs_of, thin
 from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import CSP, render
 from tests.builders import watchdog_config
@@ -259,3 +259,72 @@ def test_open_with_no_browser_prints_where_the_page_is(
     done = mlx_watchdog("open", "--config", str(_open_config(tmp_path, state)), env=env)
     assert done.returncode == 1 and "no browser could be started here" in done.stderr
     assert "http://127.0.0.1:" in done.stderr
+
+
+def test_a_server_that_flaps_every_probe_stays_a_small_page_and_its_wedge_shows() -> None:
+    """17,280 probes (every 5 s) flipping healthy/slow, with one wedged probe: at most
+    MAX_RUNS shapes, the wedge still drawn, the TTFTs thinned, the page some hundred kB."""
+    store = Store(None)
+    since = NOW - 86400
+    for k in range(17_280):
+        state = "wedged" if k == 9_000 else ("healthy", "slow")[k % 2]
+        store.record_probe(
+            "x",
+            since + 5 * k + 1,
+            state,
+            "r",
+            {"ttft_s": None if state == "wedged" else 0.1 + k % 5},
+        )
+    incident = store.open_incident("x", NOW - 100, "wedged", "w", {})
+    for k in range(200):
+        store.add_action(incident, {"action": "wait", "outcome": f"step {k}"})
+    store.set_advice(incident, "a" * 100_000)
+    day = read_day(store, "x", NOW, 5.0)
+    assert 2 <= len(day.runs) <= MAX_RUNS and len(day.ttfts) == MAX_POINTS
+    assert [r.state for r in day.runs].count("wedged") == 1
+    html = render(status_doc(NOW, ("healthy",)), {"srv-healthy": day}, NOW, 10)
+    assert len(html) < 300_000
+    assert "and 196 more" in html and "a" * 401 not in html
+
+
+def test_the_page_asked_for_hard_does_not_slow_the_probing(
+    tmp_path: Path,
+    bad_server: Callable[..., Running],
+    run_daemon: Callable[[object], DaemonThread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight clients asking for the page as fast as they can for 3 s: the history is read
+    once per server per fresh span, and the server is judged on schedule meanwhile."""
+    import threading
+
+    from mlx_watchdog.serve import day
+
+    reads: list[str] = []
+    real_read = day.read_day
+    monkeypatch.setattr(
+        day,
+        "read_day",
+        lambda store, server, *a: reads.append(server) or real_read(store, server, *a),
+    )
+    server = {"name": "s", "url": bad_server("ok").url, "match": "badserver"}
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    until(lambda: t.daemon.endpoint is not None and t.daemon.cycles["s"].verdict, 20, "a verdict")
+    t.daemon.days.fresh_s = 1.0
+    port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
+    judged_before = t.daemon.cycles["s"].judged_at
+    stop, pages = time.monotonic() + 3.0, []
+
+    def ask() -> None:
+        with httpx.Client(timeout=10) as client:
+            while time.monotonic() < stop:
+                pages.append(client.get(f"http://127.0.0.1:{port}/").status_code)
+
+    askers = [threading.Thread(target=ask) for _ in range(8)]
+    for a in askers:
+        a.start()
+    for a in askers:
+        a.join()
+    assert len(pages) >= 40 and set(pages) == {200}
+    assert len(reads) <= 5  # 3 s at one read a second, and the first
+    judged = t.daemon.cycles["s"].judged_at
+    assert judged is not None and judged_before is not None and judged - judged_before >= 2.0

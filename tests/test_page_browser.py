@@ -82,10 +82,14 @@ def visit(browser: Any) -> Iterator[Callable[..., Visit]]:
         context.close()
 
 
-def shot(v: Visit, name: str, tmp_path: Path) -> None:
+def shot(v: Visit, name: str, tmp_path: Path, part: str | None = None) -> None:
+    """The whole page, or the `part` a selector names."""
     folder = Path(os.environ.get("MLX_WATCHDOG_SHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
-    v.page.screenshot(path=str(folder / name), full_page=True)
+    if part is None:
+        v.page.screenshot(path=str(folder / name), full_page=True)
+    else:
+        v.page.locator(part).screenshot(path=str(folder / name))
     assert (folder / name).stat().st_size > 10_000  # a picture, not an empty frame
 
 
@@ -150,6 +154,7 @@ def test_every_state_renders_with_its_colour_and_its_day(
     assert v.console == []
     assert v.requests and all(r.startswith(origin) for r in v.requests)
     shot(v, "status-page-states.png", tmp_path)
+    shot(v, "status-page-day.png", tmp_path, "#server-srv-wedged")
 
 
 def test_it_reads_the_same_without_javascript_and_on_a_phone(

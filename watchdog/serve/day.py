@@ -19,6 +19,9 @@ from mlx_watchdog.record.tally import DAY, event_count
 
 HOUR = 3600.0
 MAX_POINTS = 720  # TTFT points drawn; more probes than that are shown as each span's slowest
+MAX_RUNS = 720  # stretches of the timeline; a state that flips more often shows each span's worst
+# Worst last: a span of the timeline where a server was both healthy and wedged shows wedged.
+SEVERITY = ("healthy", "busy", "slow", "starting", UNKNOWN, "down", "dead", "wedged")
 INCIDENTS_SHOWN = 10
 
 
@@ -99,6 +102,30 @@ def per_hour(times: Sequence[tuple[float, int]], since: float) -> tuple[int, ...
     return tuple(counts)
 
 
+def coarsen(runs: Sequence[Run], since: float, until: float) -> list[Run]:
+    """At most MAX_RUNS: beyond that, each of MAX_RUNS equal spans shows the worst state seen
+    in it (a server flapping every probe would otherwise be thousands of shapes, and a wedge
+    among them must not vanish)."""
+    if len(runs) <= MAX_RUNS:
+        return list(runs)
+    width = (until - since) / MAX_RUNS
+    worst: dict[int, int] = {}
+    for r in runs:
+        first = max(0, int((r.start - since) / width))
+        last = min(MAX_RUNS - 1, int((max(r.start, r.end - 1e-6) - since) / width))
+        rank = SEVERITY.index(r.state) if r.state in SEVERITY else SEVERITY.index(UNKNOWN)
+        for k in range(first, last + 1):
+            worst[k] = max(worst.get(k, -1), rank)
+    out: list[Run] = []
+    for k in sorted(worst):
+        state, start = SEVERITY[worst[k]], since + k * width
+        if out and out[-1].state == state and out[-1].end >= start - 1e-6:
+            out[-1] = Run(state, out[-1].start, start + width)
+        else:
+            out.append(Run(state, start, start + width))
+    return out
+
+
 def read_day(store: Store, server: str, now: float, step: float) -> Day:
     since = now - DAY
     probes = store.states(server, since)
@@ -112,7 +139,7 @@ def read_day(store: Store, server: str, now: float, step: float) -> Day:
         since=since,
         until=now,
         step=step,
-        runs=tuple(runs_of([(at, state) for at, state, _ in probes], now, step)),
+        runs=tuple(coarsen(runs_of([(at, s) for at, s, _ in probes], now, step), since, now)),
         ttfts=tuple(thin(with_token, since, now)),
         probes_with_token=len(with_token),
         restarts=per_hour([(r.at, 1) for r in store.restarts(server, since)], since),

@@ -19,7 +19,8 @@ from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN
 from mlx_watchdog.serve.day import HOUR, Day, lines_of
 
 WIDTH = 720  # the charts' own units; CSS stretches them to the page
-REASON_SHOWN = 300  # characters of an incident's reason in the table
+TEXT_SHOWN = 400  # characters of an incident's reason or advice
+ACTIONS_SHOWN = 4  # of an incident's actions; the rest are counted
 
 CSS = """
 :root{color-scheme:light dark;--fg:#1b1f23;--bg:#fff;--muted:#5f6b76;--line:#d0d7de;--card:#f6f8fa}
@@ -30,7 +31,7 @@ h1{font-size:1.3rem;margin:.2rem 0}h2{font-size:1.15rem;margin:0 0 .3rem}h3{font
 section.server{border:1px solid var(--line);border-left-width:.5rem;border-radius:.4rem;padding:.8rem 1rem;margin:1rem 0;background:var(--card)}
 .badge{display:inline-block;padding:0 .5rem;border-radius:1rem;color:#fff;font-weight:600;margin-right:.4rem}
 .alert{border:1px solid #c62828;border-radius:.3rem;padding:.3rem .6rem;margin:.4rem 0}
-dl.numbers{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));gap:.3rem 1rem;margin:.6rem 0}
+dl.numbers{display:grid;grid-template-columns:repeat(auto-fill,minmax(8rem,1fr));gap:.3rem 1rem;margin:.6rem 0}
 dl.numbers div{min-width:0}dt{color:var(--muted);font-size:.8rem}dd{margin:0;font-weight:600}
 figure{margin:.6rem 0}svg{display:block;width:100%;height:auto;overflow:visible}
 svg text{fill:var(--muted);font-size:10px}svg line{stroke:var(--line)}
@@ -266,20 +267,22 @@ def _incidents(day: Day, now: float) -> str:
         return '<h3>Recent incidents</h3><p class="note">None in the last 24 hours.</p>'
     rows = []
     for i in day.incidents:
-        done = ", ".join(
+        acts = [
             f"{a.get('action', '?')}: {a.get('outcome', '?')}"
             for a in i.actions
             if isinstance(a, dict)
-        )
+        ]
+        more = len(acts) - ACTIONS_SHOWN
+        done = ", ".join(acts[:ACTIONS_SHOWN]) + (f" and {more} more" if more > 0 else "")
         outage = "ongoing" if i.closed_at is None else f"{i.outage_s or 0:.0f} s"
-        reason = i.reason if len(i.reason) <= REASON_SHOWN else i.reason[:REASON_SHOWN] + "..."
+        reason = _cut(i.reason)
         rows.append(
             f'<tr class="incident"><td>{i.id}</td><td>{_clock(i.began_at)} ({_ago(now - i.began_at)})</td>'
             f"<td>{escape(i.state)}</td><td>{outage}</td>"
             f'<td class="reason">{escape(reason)}</td><td>{escape(done or "-")}</td>'
             f"<td>{escape(i.outcome or '-')}</td></tr>"
         )
-    advice = next((i.advice for i in day.incidents if i.advice), None)
+    advice = next((_cut(i.advice) for i in day.incidents if i.advice), None)
     return (
         '<h3>Recent incidents</h3><div class="wide"><table><thead><tr><th>#</th><th>began</th>'
         "<th>state</th><th>outage</th><th>reason</th><th>what was done</th><th>outcome</th></tr></thead>"
@@ -307,6 +310,10 @@ def _advice(name: str, day: Day, now: float) -> str:
         f"and proxies {a['load_balancer_s']:.0f} s. A layer that gives up sooner leaves the "
         f"server working for nobody.</p>"
     )
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_SHOWN else text[:TEXT_SHOWN] + "..."
 
 
 def _clock(at: float, seconds: bool = True) -> str:
