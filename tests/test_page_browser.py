@@ -3,7 +3,8 @@
 Each state renders with its colour, the charts have as many points and bars as the history
 holds, nothing is fetched from another host, the console stays empty (a style the policy
 did not allow would be an error there), and it reads the same with JavaScript off. The last
-test is a real run: a daemon watching the real mlx_lm.server and a server of ours that hangs.
+test is a real run: a daemon watching the real mlx_lm.server, and a server of ours that hangs
+until the daemon restarts it.
 
 Set MLX_WATCHDOG_SHOTS to a folder to keep the screenshots (the README's come from there).
 """
@@ -25,8 +26,8 @@ from mlx_watchdog.judge.states import SHOWN_STATES
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import COLOURS
-from tests.builders import QUICK_TOML, watchdog_config
-from tests.conftest import DaemonThread, Running, until
+from tests.builders import command_server, watchdog_config
+from tests.conftest import BadByPidfile, DaemonThread, Running, until
 from tests.pageday import a_day, status_doc
 from tests.test_page import NOW, PageBackend
 
@@ -181,43 +182,52 @@ def test_the_page_reloads_by_itself(visit: Callable[..., Visit], every_state: An
     assert len([r for r in v.requests if r == url]) > before
 
 
-def test_a_real_run_shows_the_wedge_and_the_healthy_server(
+def test_a_real_run_shows_a_wedge_healed_beside_the_healthy_server(
     visit: Callable[..., Visit],
     batched_server: Running,
-    bad_server: Callable[..., Running],
+    hanging: BadByPidfile,
     run_daemon: Callable[[object], DaemonThread],
     tmp_path: Path,
 ) -> None:
-    """A daemon watching the real mlx_lm.server and one of ours that holds every request."""
+    """A daemon watching the real mlx_lm.server, and one of ours that holds every request
+    until the `command` manager replaces it with one that serves."""
+    real = {"wedge_after": "20s", "max_busy": "60s", "hard_timeout": "2m"}
     servers = [
-        {
-            "name": "mlx",
-            "url": batched_server.url,
-            "probe": {"wedge_after": "20s", "max_busy": "60s", "hard_timeout": "2m"},
-        },
-        {"name": "hung", "url": bad_server("hang").url, "match": "badserver", "probe": QUICK_TOML},
+        {"name": "mlx", "url": batched_server.url, "probe": real},
+        {**command_server(hanging.url, hanging.pidfile, hanging.port), "name": "hung"},
     ]
     config = parse_config(watchdog_config(tmp_path / "state", servers, interval="1s"))
     t = run_daemon(Daemon(config))
+    store = t.daemon.store
 
-    def state(name: str) -> str | None:
-        v = t.daemon.cycles[name].verdict
-        return v.state if v else None
+    def healed() -> bool:
+        done = [i for i in store.incidents(0, "hung") if i.closed_at is not None]
+        return bool(done) and len(store.ttfts("hung", done[0].closed_at or 0)) >= 3
 
-    until(lambda: state("mlx") == "healthy" and state("hung") == "wedged", 60, "verdicts")
-    until(lambda: len(t.daemon.store.ttfts("mlx", 0)) >= 3, 30, "three tokens")
+    until(healed, 60, "the wedge healed and three tokens since")
+    until(lambda: len(store.ttfts("mlx", 0)) >= 3, 30, "three tokens from mlx_lm.server")
     t.daemon.days.fresh_s = 0.0  # the page reads the history as it is now
     host, port = t.daemon.endpoint.server_address[:2]  # type: ignore[union-attr]
     v = visit(f"http://{host}:{port}/")
     mlx, hung = v.page.locator("#server-mlx"), v.page.locator("#server-hung")
     assert mlx.get_attribute("data-state") == "healthy"
-    assert hung.get_attribute("data-state") == "wedged"
-    assert "no token" in hung.locator("p.reason").inner_text()
-    assert hung.locator("tr.incident").count() == 1
-    assert hung.locator("tr.incident td").nth(3).inner_text() == "ongoing"
-    shown, lines = ttft_points(mlx)
-    assert 3 <= shown <= len(t.daemon.store.ttfts("mlx", 0)) and lines == 1  # it goes on probing
-    assert ttft_points(hung) == (0, 0)  # never a token
+    assert hung.get_attribute("data-state") == "healthy"
+    row = hung.locator("tr.incident td")
+    assert hung.locator("tr.incident").count() == 1 and row.nth(2).inner_text() == "wedged"
+    assert (
+        row.nth(5).inner_text() == "restart (command): recovered"
+        and row.nth(6).inner_text() == "restarted"
+    )
+    assert hung.locator("rect.restarts").count() == 1  # one hour, one restart
+    assert hung.locator("rect.restarts").get_attribute("data-count") == "1"
+    states = [
+        hung.locator("rect.run").nth(i).get_attribute("class").split()[1]
+        for i in range(hung.locator("rect.run").count())
+    ]
+    assert "s-wedged" in states and states[-1] == "s-healthy"
+    shown, _ = ttft_points(mlx)
+    assert 3 <= shown <= len(store.ttfts("mlx", 0))  # the daemon goes on probing
+    assert ttft_points(hung)[0] >= 3
     assert v.console == []
     assert all(r.startswith(f"http://{host}:{port}/") for r in v.requests)
     shot(v, "status-page.png", tmp_path)

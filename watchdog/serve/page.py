@@ -150,7 +150,7 @@ def _numbers(s: dict[str, Any], now: float) -> str:
     items = [
         ("serving", "yes" if s["serving"] else "no"),
         ("last token", "never" if last is None else _ago(now - last)),
-        (f"TTFT p50 / p95 ({s.get('ttft_samples', 0)} in 1 h)", ttft),
+        ("TTFT p50 / p95 (1 h)", ttft),
         ("restarts (24 h)", str(s.get("restarts_24h", 0))),
         ("restart budget left", str(s.get("budget_left"))),
         ("incidents (24 h)", str(s.get("incidents_24h", 0))),
