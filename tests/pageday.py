@@ -3,16 +3,20 @@ draw and then count on the page (tests/test_page.py, tests/test_page_browser.py)
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.record.tally import Held
+from mlx_watchdog.serve.day import Days
+from mlx_watchdog.serve.page import render
 from mlx_watchdog.serve.status import describe
 from tests.builders import watched
 
 STEP = 300.0  # a probe every five minutes: 288 in a day, under the page's MAX_POINTS
+NOW = 1_780_000_000.0
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,23 @@ def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> dict[str, 
         )
     watchdog = {"pid": 1, "version": "test", "interval_s": 30.0, "history_problem": None}
     return {"watchdog": watchdog, "servers": servers}
+
+
+class PageBackend:
+    """What the daemon gives the endpoint, from a status document and a history."""
+
+    def __init__(self, store: Store, doc: dict[str, object]) -> None:
+        self.doc, self.days = doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic)
+
+    def status(self) -> dict[str, object]:
+        return self.doc
+
+    def prometheus(self) -> tuple[bytes, str]:
+        return b"", "text/plain"
+
+    def page(self) -> str:
+        names = [s["name"] for s in self.doc["servers"]]  # type: ignore[attr-defined]
+        return render(self.doc, self.days.of(names), NOW, 10)  # type: ignore[arg-type]
+
+    def act(self, name: str, action: str) -> str:
+        raise KeyError(name)

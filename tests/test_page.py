@@ -23,29 +23,7 @@ from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import CSP, render
 from tests.builders import watchdog_config
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
-from tests.pageday import STEP, a_day, status_doc
-
-NOW = 1_780_000_000.0
-
-
-class PageBackend:
-    """What the daemon gives the endpoint, from a status document and a history."""
-
-    def __init__(self, store: Store, doc: dict[str, object]) -> None:
-        self.doc, self.days = doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic)
-
-    def status(self) -> dict[str, object]:
-        return self.doc
-
-    def prometheus(self) -> tuple[bytes, str]:
-        return b"", "text/plain"
-
-    def page(self) -> str:
-        names = [s["name"] for s in self.doc["servers"]]  # type: ignore[attr-defined]
-        return render(self.doc, self.days.of(names), NOW, 10)  # type: ignore[arg-type]
-
-    def act(self, name: str, action: str) -> str:
-        raise KeyError(name)
+from tests.pageday import NOW, STEP, PageBackend, a_day, status_doc
 
 
 def test_a_day_reads_back_as_written() -> None:

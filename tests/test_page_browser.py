@@ -28,8 +28,7 @@ from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import COLOURS
 from tests.builders import command_server, watchdog_config
 from tests.conftest import BadByPidfile, DaemonThread, Running, until
-from tests.pageday import a_day, status_doc
-from tests.test_page import NOW, PageBackend
+from tests.pageday import NOW, PageBackend, a_day, status_doc
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
