@@ -73,7 +73,7 @@ def refresh_s(interval: float) -> int:
     return int(min(60, max(5, round(interval))))
 
 
-def render(doc: dict[str, Any], days: dict[str, Day], now: float, refresh_s: int) -> str:
+def render(doc: dict[str, Any], days: dict[str, Day], now: float, reload_s: int) -> str:
     """The page for a status document (as `/status` serves it) and each server's day."""
     servers = doc["servers"]
     down = [s for s in servers if not s["serving"]]
@@ -85,12 +85,12 @@ def render(doc: dict[str, Any], days: dict[str, Day], now: float, refresh_s: int
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="refresh" content="{refresh_s}">
+<meta http-equiv="refresh" content="{reload_s}">
 <link rel="icon" href="data:,">
 <title>{escape(title)} · mlx-watchdog</title>
 <style>{CSS}</style></head>
 <body>
-{_header(doc["watchdog"], now, refresh_s)}
+{_header(doc["watchdog"], now, reload_s)}
 <main>
 {sections or '<p class="note">No servers are configured.</p>'}
 </main>
@@ -98,14 +98,14 @@ def render(doc: dict[str, Any], days: dict[str, Day], now: float, refresh_s: int
 """
 
 
-def _header(w: dict[str, Any], now: float, refresh_s: int) -> str:
+def _header(w: dict[str, Any], now: float, reload_s: int) -> str:
     problem = w.get("history_problem")
     offset = time.strftime("%z", time.localtime(now))
     return (
         f"<header><h1>mlx-watchdog</h1><p>version {escape(str(w.get('version')))}, "
         f"pid {escape(str(w.get('pid')))}, probing every {_num(w.get('interval_s'))} s. "
         f"As of {_clock(now)} (UTC{offset[:3]}:{offset[3:]}, the watchdog's time); this page "
-        f"reloads every {refresh_s} s. Read-only: actions need the API token.</p>"
+        f"reloads every {reload_s} s. Read-only: actions need the API token.</p>"
         + (f'<p class="alert">History: {escape(str(problem))}</p>' if problem else "")
         + "</header>"
     )
