@@ -463,7 +463,8 @@ def test_beyond_loopback_status_and_metrics_need_the_token(
             "server": [{"name": "s", "url": bad_server("ok").url, "match": "badserver"}],
         }
     )
-    assert any("/status, /metrics and the actions need the token" in w for w in config.warnings)
+    wanted = "/status, /metrics, the status page and the actions need the token"
+    assert any(wanted in w for w in config.warnings)
     t = run_daemon(Daemon(config))
     e = Endpoint(t)
     until(lambda: t.daemon.cycles["s"].verdict is not None, 20, "a verdict")

@@ -123,8 +123,9 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
         opened = ", ".join(watchdog.open_routes)
         warnings.append(
             f'watchdog.listen = "{watchdog.listen_host}:{watchdog.listen_port}" is reachable from '
-            "other machines: /healthz answers anyone there; /status, /metrics and the actions "
-            "need the token" + (f" (but open_routes opens {opened})" if opened else "")
+            "other machines: /healthz answers anyone there; /status, /metrics, the status page "
+            "and the actions need the token"
+            + (f" (but open_routes opens {opened})" if opened else "")
         )
     return Config(
         watchdog=watchdog,

@@ -304,7 +304,8 @@ class WatchdogSettings:
     open_routes: tuple[str, ...] = setting(
         (),
         parse=parse_open_routes,
-        doc="beyond loopback, these answer without the token too (/healthz always does)",
+        doc="beyond loopback, these answer without the token too (/healthz always does; "
+        '"/status" opens the status page at / with it)',
         example=["/metrics"],
     )
     state_dir: Path = setting(
