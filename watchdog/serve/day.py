@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind
+from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.record.store import Incident, Store
 from mlx_watchdog.record.tally import DAY, event_count
 
@@ -21,7 +21,16 @@ HOUR = 3600.0
 MAX_POINTS = 720  # TTFT points drawn; more probes than that are shown as each span's slowest
 MAX_RUNS = 720  # stretches of the timeline; a state that flips more often shows each span's worst
 # Worst last: a span of the timeline where a server was both healthy and wedged shows wedged.
-SEVERITY = ("healthy", "busy", "slow", "starting", UNKNOWN, "down", "dead", "wedged")
+SEVERITY: tuple[str, ...] = (
+    State.HEALTHY,
+    State.BUSY,
+    State.SLOW,
+    State.STARTING,
+    UNKNOWN,
+    State.DOWN,
+    State.DEAD,
+    State.WEDGED,
+)
 INCIDENTS_SHOWN = 10
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN
+from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, State
 from mlx_watchdog.serve.day import HOUR, Day, lines_of
 
 WIDTH = 720  # the charts' own units; CSS stretches them to the page
@@ -41,14 +41,15 @@ td.reason{overflow-wrap:anywhere;min-width:10rem}.wide{overflow-x:auto}
 polyline.ttft{fill:none;stroke:#1565c0;stroke-width:1.5}circle.ttft{fill:#1565c0}
 rect.restarts{fill:#c62828}rect.gave-up{fill:#ef6c00}i.restarts{background:#c62828}i.gave-up{background:#ef6c00}
 """
-COLOURS = {
-    "healthy": "#2e7d32",
-    "busy": "#ef6c00",
-    "slow": "#ef6c00",
-    "starting": "#1565c0",
-    "wedged": "#c62828",
-    "dead": "#c62828",
-    "down": "#c62828",
+# As the Grafana dashboard colours them: red, amber, green, blue, grey.
+COLOURS: dict[str, str] = {
+    State.HEALTHY: "#2e7d32",
+    State.BUSY: "#ef6c00",
+    State.SLOW: "#ef6c00",
+    State.STARTING: "#1565c0",
+    State.WEDGED: "#c62828",
+    State.DEAD: "#c62828",
+    State.DOWN: "#c62828",
     UNKNOWN: "#757575",
 }
 CSS += "".join(
