@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import re
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -273,8 +275,6 @@ def test_the_page_asked_for_hard_does_not_slow_the_probing(
 ) -> None:
     """Eight clients asking for the page as fast as they can for 3 s: the history is read
     once per server per fresh span, and the server is judged on schedule meanwhile."""
-    import threading
-
     from mlx_watchdog.serve import day
 
     reads: list[str] = []
@@ -306,3 +306,41 @@ def test_the_page_asked_for_hard_does_not_slow_the_probing(
     assert len(reads) <= 5  # 3 s at one read a second, and the first
     judged = t.daemon.cycles["s"].judged_at
     assert judged is not None and judged_before is not None and judged - judged_before >= 2.0
+
+
+def test_open_on_a_running_watchdog_without_the_page_says_what_it_answered(
+    tmp_path: Path,
+) -> None:
+    """An older daemon still running after an upgrade answers / with 404: `open` says so
+    instead of opening an error in the browser."""
+    import json
+    import os
+
+    from mlx_watchdog.record.private import private_dir, write_private
+
+    class Old(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    old = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=old.serve_forever, daemon=True).start()
+    state = tmp_path / "state"
+    private_dir(state)
+    url = f"http://127.0.0.1:{old.server_address[1]}"
+    write_private(state / "daemon.json", json.dumps({"pid": os.getpid(), "url": url}))
+    script, seen = _browser_script(tmp_path)
+    try:
+        done = mlx_watchdog(
+            "open", "--config", str(_open_config(tmp_path, state)), env={"BROWSER": str(script)}
+        )
+    finally:
+        old.shutdown()
+        old.server_close()
+    assert done.returncode == 1 and f"the watchdog at {url} answered HTTP 404" in done.stderr
+    assert not seen.exists()

@@ -32,6 +32,7 @@ SEVERITY: tuple[str, ...] = (
     State.WEDGED,
 )
 INCIDENTS_SHOWN = 10
+GAP_PROBES = 3  # probe intervals without a probe (or a token) after which nothing is drawn
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def lines_of(points: Sequence[tuple[float, float]], step: float) -> list[list[tu
     or the watchdog away): a line drawn across would show times nobody measured."""
     lines: list[list[tuple[float, float]]] = []
     for point in points:
-        if lines and point[0] - lines[-1][-1][0] <= 3 * step:
+        if lines and point[0] - lines[-1][-1][0] <= GAP_PROBES * step:
             lines[-1].append(point)
         else:
             lines.append([point])
@@ -77,7 +78,7 @@ def runs_of(probes: Sequence[tuple[float, str]], until: float, step: float) -> l
     runs: list[Run] = []
     for i, (at, state) in enumerate(probes):
         nxt = probes[i + 1][0] if i + 1 < len(probes) else None
-        end = nxt if nxt is not None and nxt - at <= 3 * step else at + step
+        end = nxt if nxt is not None and nxt - at <= GAP_PROBES * step else at + step
         end = min(end, until)
         shown = state if state in SHOWN_STATES else UNKNOWN
         if runs and runs[-1].state == shown and runs[-1].end >= at:

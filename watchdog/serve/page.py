@@ -16,6 +16,7 @@ from html import escape
 from typing import Any
 
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, State
+from mlx_watchdog.record.tally import DAY
 from mlx_watchdog.serve.day import HOUR, Day, lines_of
 
 WIDTH = 720  # the charts' own units; CSS stretches them to the page
@@ -80,8 +81,7 @@ def render(doc: dict[str, Any], days: dict[str, Day], now: float, reload_s: int)
     down = [s for s in servers if not s["serving"]]
     title = f"{len(down)} of {len(servers)} unavailable" if down else "all serving"
     sections = "\n".join(
-        _server(s, days.get(s["name"]) or Day(since=now - 24 * HOUR, until=now), now)
-        for s in servers
+        _server(s, days.get(s["name"]) or Day(since=now - DAY, until=now), now) for s in servers
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
