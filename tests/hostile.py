@@ -25,6 +25,14 @@ GEN = "/v1/chat/completions"
 PROBE = HOSTILE
 NESTED = "[" * 500_000
 CUT = {"body": '{"data": [{"id": "m"'}
+SURROGATE_ERROR = '{"error": {"message": "bad \\ud800"}}'
+# Every list a kind names its models in, each with one name that cannot be sent back.
+SURROGATE_NAMES = json.dumps(
+    {
+        "data": [{"id": "\udcff"}, {"id": "bad-model"}],
+        "models": [{"model": "\ud800", "name": "\ud800", "id": "\udcff"}],
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ def _anywhere() -> dict[str, dict[str, object]]:
         "2-MiB": {"body": "x" * (2 << 20)},
         "http-500": {"status": 500, "body": "Internal Server Error"},
         "loading-503": {"status": 503, "body": '{"error": {"message": "Loading model"}}'},
+        # A JSON escape of a lone surrogate: text no encoder, database or terminal accepts.
+        "surrogate-500": {"status": 500, "body": SURROGATE_ERROR},
+        "surrogate-names": {"body": SURROGATE_NAMES},
         "trickle": {"body": '{"data": []}' * 4, "trickle": 0.4},
         "trickled-headers": {"body": '{"data": []}', "trickle": 0.2, "whole": True},
         "endless": {"body": '{"data": [' * 64, "endless": True},
@@ -112,7 +123,12 @@ QUICK_ANSWERS = (
     "endless",
     "hang",
     "loading-503",
+    "surrogate-500",
+    "surrogate-names",
 )
+
+
+QUICK_OK = ("trickle", "count=+Inf", "surrogate-names")  # also tried next to a serving generation
 
 
 def cases(kinds: tuple[Kind, ...] = KINDS, quick: bool = False) -> Iterator[Case]:
@@ -133,7 +149,7 @@ def cases(kinds: tuple[Kind, ...] = KINDS, quick: bool = False) -> Iterator[Case
                 answers |= {f"count={v}": _report(kind, v) for v in _numbers()}
             for name, answer in answers.items():
                 for generation in ("ok", "hang"):
-                    if quick and generation == "ok" and name not in ("trickle", "count=+Inf"):
+                    if quick and generation == "ok" and name not in QUICK_OK:
                         continue
                     yield Case(kind, route, name, answer, generation)
         if common:

@@ -128,6 +128,9 @@ class Checker:
         if snap.finding == ProbeFinding.KEY_UNREADABLE:
             self.probe = None
             raise OwnFault(f"{self.server.name}: {snap.detail} ({self.server.api_key_file})")
+        if snap.finding == ProbeFinding.PROBE_FAILED:
+            self.probe = None  # a fresh probe next tick
+            raise OwnFault(f"{self.server.name}: {snap.detail}")
         if snap.done and probe.local_address and snap.finding not in UNANSWERED:
             self.own.answered(probe.local_address)
             if self.announce_probe and self.probe is probe:

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlx_watchdog.sense.bounded import BadJson, load_json
 from mlx_watchdog.sense.findings import OK, ProbeFinding
+from mlx_watchdog.sense.text import printable
 
 Changes = dict[str, Any]
 
@@ -127,5 +128,5 @@ def count(value: object) -> int:
 
 
 def excerpt(body: bytes, limit: int = 120) -> str:
-    text = body.decode(errors="replace").strip().replace("\n", " ")
+    text = printable(body.decode(errors="replace").strip().replace("\n", " "))
     return text if len(text) <= limit else text[:limit] + "..."

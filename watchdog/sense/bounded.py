@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from mlx_watchdog.sense.findings import Address
+from mlx_watchdog.sense.text import mended, whole
 
 
 class Overdue(httpx.TimeoutException):
@@ -220,9 +221,10 @@ MAX_DEPTH = 64  # no answer the watchdog reads nests deeper than a few levels
 
 def load_json(body: bytes | str) -> object:
     """JSON as the watchdog accepts it: finite numbers only (no NaN, Infinity or 1e400),
-    nesting at most MAX_DEPTH deep. Raises BadJson, never anything else."""
+    nesting at most MAX_DEPTH deep, every string whole (a lone surrogate becomes U+FFFD).
+    Raises BadJson, never anything else."""
     try:
-        text = body.decode("utf-8") if isinstance(body, bytes) else body
+        text = body.decode("utf-8") if isinstance(body, bytes) else whole(body)
     except UnicodeDecodeError:
         raise BadJson("not UTF-8") from None
 
@@ -238,11 +240,13 @@ def load_json(body: bytes | str) -> object:
     if _depth(text) > MAX_DEPTH:
         raise BadJson(f"nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=constant, parse_float=finite)
+        doc = json.loads(text, parse_constant=constant, parse_float=finite)
     except BadJson:
         raise
     except (ValueError, RecursionError) as exc:
         raise BadJson(str(exc)[:120] or type(exc).__name__) from None
+    # Only a \u escape can make a lone surrogate: the walk is skipped for nearly every answer.
+    return mended(doc) if "\\u" in text else doc
 
 
 def _depth(text: str) -> int:

@@ -116,6 +116,7 @@ class ProbeFinding(StrEnum):
     NO_RESPONSE = "no_response"  # nothing by the hard timeout
     ABORTED = "aborted"  # the watchdog closed it itself: says nothing about the server
     KEY_UNREADABLE = "key_unreadable"  # the watchdog cannot read its api_key_file: its fault
+    PROBE_FAILED = "probe_failed"  # the watchdog's own reading of the answer failed: its fault
 
 
 class OwnFault(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeGuard
 
 import httpx
 
@@ -13,6 +14,7 @@ from mlx_watchdog.sense.answer import excerpt
 from mlx_watchdog.sense.bounded import BadJson, TooLarge, get, load_json
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX, Clock, ModelsCheck
 from mlx_watchdog.sense.request import MAX_BODY, auth_headers, refused, tls
+from mlx_watchdog.sense.text import REPLACEMENT
 
 EMPTY_BODY = (
     f"200 with an empty body (a missing Hugging Face cache folder does this): {EMPTY_MODELS_FIX}"
@@ -90,7 +92,7 @@ def in_memory(doc: object, memory: InMemory) -> tuple[str, ...]:
             if not isinstance(entry, dict):
                 continue
         name = entry.get(memory.name)
-        if isinstance(name, str) and name:
+        if nameable(name):
             names.append(name)
     return tuple(names)
 
@@ -100,4 +102,10 @@ def model_ids(data: object) -> tuple[str, ...] | None:
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         return None
-    return tuple(str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e)
+    return tuple(e["id"] for e in entries if isinstance(e, dict) and nameable(e.get("id")))
+
+
+def nameable(name: object) -> TypeGuard[str]:
+    """A model name a request can carry back as the server spelled it: a string, not empty,
+    that had no lone surrogate (`load_json` made those U+FFFD)."""
+    return isinstance(name, str) and bool(name) and REPLACEMENT not in name

@@ -8,6 +8,7 @@ open up to `hard_timeout`, because a probe that disconnects is one more abandone
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -39,6 +40,9 @@ from mlx_watchdog.sense.request import (
     refused,
     tls,
 )
+from mlx_watchdog.sense.text import printable
+
+log = logging.getLogger("mlx_watchdog")
 
 __all__ = [
     "DEAD_FINDINGS",
@@ -132,8 +136,17 @@ class Probe:
             self._set(headers_at=self._clock())
 
     def _run(self) -> None:
-        with self._cutoff:
-            self._exchange()
+        try:
+            with self._cutoff:
+                self._exchange()
+        except Exception as exc:  # whatever the answer was, this probe ends and says why
+            said = printable(f"{type(exc).__name__}: {exc}")[:300]
+            self._finish(
+                ProbeFinding.PROBE_FAILED,
+                f"the watchdog failed reading the answer ({said})",
+                overdue=True,
+            )
+            log.error("%s: probe failed: %s", self.server.name, said)
         if self._cutoff.fired:
             self._overdue()
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
 from mlx_watchdog.record.private import UnsafeState, read_private
+from mlx_watchdog.sense.bounded import BadJson, load_json
 
 TIMEOUT = 5.0  # seconds for a whole answer
 MAX_ANSWER = 8 << 20  # a status document of many servers is some kB
@@ -111,7 +112,7 @@ def remote_status(url: str, token: str | None = None) -> dict[str, Any]:
     try:
         if status != 200:
             raise ValueError(f"HTTP {status}")
-        doc = json.loads(body)
+        doc = load_json(body)  # a fleet peer's text is from outside: whole strings
         if not isinstance(doc, dict) or not isinstance(doc.get("servers"), list):
             raise ValueError("not a status document")
     except (ValueError, RecursionError) as exc:
@@ -162,8 +163,10 @@ def act(state_dir: Path, name: str, action: str) -> str:
         url, "POST", f"/servers/{name}/{action}", {"Authorization": f"Bearer {token}"}
     )
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = load_json(body)
+        if not isinstance(doc, dict):
+            raise BadJson("not an object")
+    except BadJson:
         doc = {"error": body[:200].decode(errors="replace")}
     if status != 202:
         raise ActionRefused(str(doc.get("error", doc)))
