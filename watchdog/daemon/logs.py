@@ -8,6 +8,7 @@ would go on filling the renamed file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -17,25 +18,36 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from mlx_watchdog.sense.files import NotAFile, create_new, open_append, open_regular
+
 log = logging.getLogger("mlx_watchdog")
 
 
 def rotate(path: Path, max_bytes: int, keep: int) -> bool:
     """When `path` is over `max_bytes`: shift path.1..path.(keep-1) up, copy to path.1,
-    truncate. True when it rotated."""
+    truncate. True when it rotated. Only this user's regular file is rotated, never through a
+    link: the copy keeps the log's own mode and a link planted at path.N is replaced, not
+    written through (NotAFile, an OSError, says which)."""
     try:
-        if path.stat().st_size <= max_bytes:
-            return False
+        with open_regular(path, follow=False) as src:
+            st = os.fstat(src.fileno())
+            if st.st_uid != os.geteuid():
+                raise NotAFile(errno.EPERM, "owned by another user", str(path))
+            if st.st_size <= max_bytes:
+                return False
+            for i in range(keep - 1, 0, -1):
+                older = path.with_name(f"{path.name}.{i}")
+                if older.is_symlink() or older.exists():
+                    os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+            if keep > 0:
+                with create_new(path.with_name(f"{path.name}.1"), stat.S_IMODE(st.st_mode)) as dst:
+                    shutil.copyfileobj(src, dst)
+            with open_append(path) as writer:  # truncating needs it open for writing
+                if os.fstat(writer.fileno()).st_ino != st.st_ino:
+                    raise NotAFile(errno.EAGAIN, "replaced while it was rotated", str(path))
+                writer.truncate(0)
     except FileNotFoundError:
         return False
-    for i in range(keep - 1, 0, -1):
-        older = path.with_name(f"{path.name}.{i}")
-        if older.exists():
-            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
-    if keep > 0:
-        shutil.copyfile(path, path.with_name(f"{path.name}.1"))
-    with path.open("r+b") as fh:
-        fh.truncate(0)
     return True
 
 

@@ -39,6 +39,7 @@ from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, wri
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
+from mlx_watchdog.sense.text import printable
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.day import Days
 from mlx_watchdog.serve.endpoint import ensure_token
@@ -209,8 +210,12 @@ class Daemon:
             self.tick(name)
             sight.tick_problem = None
         except Exception as exc:  # a fault in one tick must not stop the probing
-            fault = f"{type(exc).__name__}: {exc}"
-            problem = str(exc) if isinstance(exc, OwnFault) else f"the last tick failed: {fault}"
+            fault = printable(f"{type(exc).__name__}: {exc}")
+            problem = (
+                printable(str(exc))
+                if isinstance(exc, OwnFault)
+                else f"the last tick failed: {fault}"
+            )
             problem = problem[:500]
             if problem != sight.tick_problem:  # once per run of the same fault, not every tick
                 log.exception("%s tick failed; probing goes on", name)
@@ -245,7 +250,7 @@ class Daemon:
             signal.signal(signal.SIGINT, lambda *_: self.stop())
             signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
         for c in self.cycles.values():
-            c.manager.start()
+            self._start_server(c)
         self._serve_endpoint()
         self._running = True
         self._schedule()
@@ -316,7 +321,7 @@ class Daemon:
         for name, server in fresh.items():
             if name not in self.cycles:
                 self.cycles[name] = self._cycle(server)
-                self.cycles[name].manager.start()
+                self._start_server(self.cycles[name])
             elif old.get(name) != server:
                 self.cycles[name].new_config = server
                 self.schedule.wake(name)
@@ -327,6 +332,13 @@ class Daemon:
         log.info("config reloaded: watching %s", ", ".join(self.cycles))
         return True
 
+    @staticmethod
+    def _start_server(c: Cycle) -> None:
+        try:
+            c.manager.start()
+        except OSError as exc:  # its log is a FIFO, say: probing finds it down, a restart says why
+            log.error("%s: cannot start the server: %s", c.server.name, exc)
+
     def _reconfigure(self, c: Cycle, server: ServerConfig) -> None:
         """Apply a reload's settings in the server's own job. The running process is left
         alone unless what runs it changed (a `process` server's command, environment or log);
@@ -336,7 +348,7 @@ class Daemon:
         if server.manager != before.manager:
             c.manager.stop()
             c.manager = make_manager(server, self.system, self.state_dir)
-            c.manager.start()
+            self._start_server(c)
         else:
             c.manager.server = server
         c.server = server

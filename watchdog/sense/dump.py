@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from mlx_watchdog.sense.progress import open_regular
+from mlx_watchdog.sense.files import open_regular
 
 BUDGET = 2.0  # seconds the whole dump may delay a restart
 STACK_MAX = 64 * 1024  # characters of stacks kept
@@ -109,7 +109,7 @@ def _log_tail(path: Path | None) -> tuple[str | None, str | None]:
     if path is None:
         return None, None
     try:
-        with open_regular(path) as fh:
+        with open_regular(path, follow=False) as fh:
             fh.seek(max(0, os.fstat(fh.fileno()).st_size - LOG_TAIL_MAX))
             data = fh.read(LOG_TAIL_MAX)
     except OSError as exc:

@@ -17,18 +17,16 @@ to read, which is said, never guessed.
 
 from __future__ import annotations
 
-import errno
 import os
 import plistlib
 import re
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.files import open_regular
 from mlx_watchdog.sense.findings import Prefill
 
 READ_MAX = 1 << 20  # bytes a look reads at most
@@ -67,17 +65,6 @@ def server_log(server: ServerConfig) -> Path | None:
         if isinstance(named, str) and named.strip() and "\0" not in named:
             return Path(named).expanduser()
     return None
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """A regular file, opened without blocking: a FIFO put where a file was must not hang a
-    tick or a restart on its open. OSError for anything else."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    fh = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-        fh.close()
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fh
 
 
 def _read_regular(path: Path, limit: int) -> bytes:
@@ -133,7 +120,7 @@ class LogProgress:
         return self._prefill()
 
     def _new_bytes(self, path: Path) -> bytes:
-        with open_regular(path) as fh:
+        with open_regular(path, follow=False) as fh:
             st = os.fstat(fh.fileno())
             if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
                 # First look, a rotated log or a truncated one: from near its end, or its start.

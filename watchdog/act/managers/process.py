@@ -16,6 +16,7 @@ import psutil
 
 from mlx_watchdog.act.managers import Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.files import open_append
 
 
 class ProcessManager:
@@ -54,7 +55,7 @@ class ProcessManager:
         log = None
         if self.server.log_file is not None:
             self.server.log_file.parent.mkdir(parents=True, exist_ok=True)
-            log = self.server.log_file.open("ab")
+            log = open_append(self.server.log_file)
         try:
             self._child = self.system.spawn(self.server.command, self.server.env, log)
         finally:
@@ -84,7 +85,8 @@ class ProcessManager:
         except OSError as exc:
             return Outcome(
                 False,
-                f"cannot start {self.server.command[0]}: {exc.strerror}",
+                f"cannot start {self.server.command[0]}: {exc.strerror or exc}"
+                + (f" ({exc.filename})" if exc.filename else ""),
                 (f"stopped PID {before}",),
             )
         steps = (
