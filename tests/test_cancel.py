@@ -30,6 +30,24 @@ def test_the_probe_and_newer_requests_are_never_cancelled() -> None:
     assert abandoned_ids(status(("p", 4.0)), 4.0) == []
 
 
+def test_with_live_clients_only_requests_older_than_every_live_one_are_cancelled() -> None:
+    # The probe has waited 4 s; a live client was first seen 6 s ago (interval included).
+    doc = status(("left", 30.0), ("live", 6.2), ("edge", 6.5), ("p", 4.0), ("new", 1.0))
+    assert abandoned_ids(doc, 4.0, 6.0) == ["left"]
+    assert abandoned_ids(doc, 4.0) == ["left", "live", "edge"]
+    # Ids that would name another route once in the path are never sent.
+    assert abandoned_ids(status((".", 30.0), ("..", 30.0), ("a/b", 30.0)), 4.0) == []
+
+
+def test_abort_all_is_never_sent_while_a_live_client_is_connected() -> None:
+    def never(*a: object, **kw: object) -> tuple[int, bytes]:
+        raise AssertionError("nothing may be sent")
+
+    sglang = server_for("http://127.0.0.1:9", "sglang")
+    done = cancel_abandoned(sglang, 4.0, 12.0, call=never)
+    assert not done.ok and "a live client is connected" in done.detail
+
+
 @pytest.mark.parametrize(
     "doc",
     [

@@ -234,3 +234,35 @@ def test_least_cost_off_restarts_a_wedge_that_waiting_would_clear(
     assert kinds(t) == ["detected", "restarting", "recovered"]
     restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
     assert "rather than waiting" not in restarting.message
+
+
+def test_a_live_client_queued_behind_is_served_after_a_cancel_not_a_restart(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """The field case: an abandoned long prompt, an impatient client giving up behind it, and
+    a live client queued: only the requests older than the live client are cancelled, and the
+    live client is served by the same process (a restart would have ended its request)."""
+    import threading
+
+    port = free_port()
+    doc = cancel_config(tmp_path, port, "vllm-mlx")
+    doc["server"][0]["probe"]["wedge_after"] = "3s"  # type: ignore[index]
+    t = run_daemon(Daemon(parse_config(doc)))
+    until(lambda: healthy(t), 30, "the server to serve")
+    w = t.daemon.cycles["owned"]
+    pid = w.manager.pid()
+    url = f"http://127.0.0.1:{port}"
+    assert send(url, LONG, timeout=0.3) == "gave up"
+    assert send(url, "ping", timeout=1.0) == "gave up"  # a health check with a short timeout
+    time.sleep(0.8)  # the live client comes well after the abandoned request
+    live: list[str] = []
+    client = threading.Thread(target=lambda: live.append(send(url, "hello", timeout=60)))
+    client.start()
+    until(lambda: "recovered" in kinds(t), 30, "the server to serve after the cancel")
+    client.join(30)
+    assert live == ["served"]
+    assert kinds(t) == ["detected", "clearing", "recovered"]
+    assert t.daemon.store.restarts("owned", 0.0) == [] and w.manager.pid() == pid
+    clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
+    # The abandoned prompt and the impatient client's request; never the live one (served).
+    assert re.search(r"cancelled [12] of 2 request\(s\) of clients that left", clearing.message)

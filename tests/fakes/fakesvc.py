@@ -103,6 +103,9 @@ def systemctl(args: list[str]) -> int:
         while time.monotonic() < deadline:
             with locked() as state:
                 job = units_of(state, scope).get(unit, {})
+                if job.get("type") != "notify" and job.get("starts"):
+                    break  # Type=simple: the job is done once the process was spawned, even
+                    # if it exited at once (systemd >= 240 waits for the exec, no longer)
                 if job.get("failed"):
                     return err(f"Job for {unit} failed.", 1)
                 if alive(job.get("pid")) and (job.get("type") != "notify" or job.get("ready")):

@@ -7,10 +7,15 @@ Shapes from each project's source. SGLang (sgl-project/sglang, `http_server.py` 
 `elapsed_s`, `prompt_tokens`); `POST /v1/requests/{request_id}/cancel` cancels one, 404 when it
 is unknown or finished.
 
-Called only when no live client is connected: then every request the server lists is a
-departed client's, but for the probe (the one whose age is nearest the probe's wait) and one
-younger than it (a client that came since). SGLang lists no request ids over HTTP, so it is
-told to abort all (the probe's too, which the next probe replaces).
+Only the requests of clients that left are cancelled: a listed request older than every live
+client's connection (the watchdog first sees each connection at a known time, at most an
+interval after it opened, so a request must be older than the oldest live connection's age plus
+LIVE_SLACK plus that interval), never the probe's (the one whose age is nearest the probe's
+wait), never one younger than the probe (a client that came since). A request with no age (a
+vllm-mlx SimpleEngine request in prefill reports `elapsed_s` 0.0 until its first output) is
+never taken for an old one. SGLang lists no request ids over HTTP, so it is told to abort all,
+which is done only when no live client is connected (the probe's request goes too; the next
+probe replaces it).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ MAX_ANSWER = 1 << 20  # bytes of a status or cancel answer
 MAX_CANCELS = 32  # requests cancelled in one go at most
 PROBE_NEAR = 1.0  # s: the listed request whose age is this near the probe's wait is the probe
 YOUNGER = 0.5  # s: a request younger than the probe by more than this came since
+LIVE_SLACK = 0.5  # s: besides an interval: the ages are rounded and read at different times
 
 
 @dataclass(frozen=True)
@@ -49,11 +55,14 @@ Send = Callable[..., tuple[int, bytes]]
 def cancel_abandoned(
     server: ServerConfig,
     probe_age_s: float,
+    live_age_s: float | None = None,
     *,
     call: Send = send,
     clock: Callable[[], float] = time.monotonic,
 ) -> Cancelled:
-    """Cancel the server's requests but the probe's (waiting `probe_age_s`) and newer ones,
+    """Cancel the requests of clients that left: not the probe's (waiting `probe_age_s`), not
+    newer ones, and none a live client may have sent (`live_age_s`: the oldest live
+    connection's age as the watchdog saw it, interval included; None: none is connected),
     within CANCEL_BUDGET seconds in all."""
     style = server.profile.cancel
     ends = clock() + CANCEL_BUDGET
@@ -66,9 +75,13 @@ def cancel_abandoned(
 
     try:
         if style == "abort_all":
+            if live_age_s is not None:
+                return Cancelled(
+                    False, "a live client is connected: abort_all would end its request too"
+                )
             return _abort_all(server, bounded)
         if style == "by_id":
-            return _by_id(server, probe_age_s, bounded)
+            return _by_id(server, probe_age_s, live_age_s, bounded)
     except (httpx.HTTPError, OSError) as exc:
         return Cancelled(False, f"the server's cancel route did not answer: {_said(exc)}")
     return Cancelled(False, f"{server.profile.title} has no route to cancel a request")
@@ -82,16 +95,19 @@ def _abort_all(server: ServerConfig, call: Send) -> Cancelled:
     return Cancelled(True, "POST /abort_request (abort_all) answered 200", 1)
 
 
-def _by_id(server: ServerConfig, probe_age_s: float, call: Send) -> Cancelled:
+def _by_id(
+    server: ServerConfig, probe_age_s: float, live_age_s: float | None, call: Send
+) -> Cancelled:
     status, text = _call(server, call, "GET", "/v1/status")
     if status != 200:
         return Cancelled(False, f"GET /v1/status answered {status}")
     try:
-        ids = abandoned_ids(load_json(text), probe_age_s)
+        ids = abandoned_ids(load_json(text), probe_age_s, live_age_s)
     except (BadJson, ValueError) as exc:
         return Cancelled(False, f"GET /v1/status: {exc}")
     if not ids:
-        return Cancelled(False, "GET /v1/status lists no request but the probe's")
+        whose = "the probe's" if live_age_s is None else "the probe's and live clients'"
+        return Cancelled(False, f"GET /v1/status lists no request but {whose}")
     done, refused = 0, []
     for request_id in ids[:MAX_CANCELS]:
         path = f"/v1/requests/{urllib.parse.quote(request_id, safe='')}/cancel"
@@ -105,8 +121,9 @@ def _by_id(server: ServerConfig, probe_age_s: float, call: Send) -> Cancelled:
     return Cancelled(True, f"cancelled {done} of {len(ids)} request(s) of clients that left", done)
 
 
-def abandoned_ids(doc: object, probe_age_s: float) -> list[str]:
-    """The ids in a `/v1/status` document that are neither the probe's nor newer."""
+def abandoned_ids(doc: object, probe_age_s: float, live_age_s: float | None = None) -> list[str]:
+    """The ids in a `/v1/status` document that are neither the probe's, nor newer, nor as
+    young as a live connection (`live_age_s`, None when none is connected)."""
     requests = doc.get("requests") if isinstance(doc, dict) else None
     if not isinstance(requests, list):
         raise ValueError('no "requests" list')
@@ -116,11 +133,16 @@ def abandoned_ids(doc: object, probe_age_s: float) -> list[str]:
         elapsed = r.get("elapsed_s") if isinstance(r, dict) else None
         if not isinstance(rid, str) or not 0 < len(rid) <= 200 or isinstance(elapsed, bool):
             continue
+        if rid in (".", "..") or "/" in rid:
+            continue  # quoted, it would still name another route
         if isinstance(elapsed, (int, float)):
             aged.append((rid, float(elapsed)))
     near = min(aged, key=lambda a: abs(a[1] - probe_age_s), default=None)
     probe = near[0] if near is not None and abs(near[1] - probe_age_s) < PROBE_NEAR else None
-    return [rid for rid, age in aged if rid != probe and age > probe_age_s - YOUNGER]
+    floor = probe_age_s - YOUNGER
+    if live_age_s is not None:
+        floor = max(floor, live_age_s + LIVE_SLACK)
+    return [rid for rid, age in aged if rid != probe and age > floor]
 
 
 def _call(

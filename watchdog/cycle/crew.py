@@ -57,4 +57,4 @@ class Crew:
     # The server's last words before a restart (stacks, log tail, sockets), within 2 s.
     dump: Callable[[int | None, Path | None], Dump] = take
     # Cancelling the requests of clients that left, where the server's kind can.
-    cancel: Callable[[ServerConfig, float], Cancelled] = cancel_abandoned
+    cancel: Callable[[ServerConfig, float, float | None], Cancelled] = cancel_abandoned

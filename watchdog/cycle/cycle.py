@@ -56,6 +56,7 @@ class Cycle:
         self.least = LeastCost(self)
         self.state_since: float | None = None
         self.judged_at: float | None = None
+        self.interval = 1.0  # the last tick's: how late a connection may first be seen
         self.sight = Sight(watched_since=self.monotonic(), tick_moved=self.monotonic())
         self.refused_said = False  # the identity refusal is said once until the server serves
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
@@ -95,6 +96,7 @@ class Cycle:
 
     def tick(self, interval: float) -> Verdict | None:
         """Judge the server once: start a probe, or judge the age of the one in flight."""
+        self.interval = interval
         while self.requests:
             self._carry_out(self.requests.popleft())
         self._notice_jump(interval)

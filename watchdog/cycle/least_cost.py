@@ -45,24 +45,29 @@ class LeastCost:
         c = self.cycle
         if self.clearing is None and (c.incident is None or c.incident.waited):
             return ""  # one cure an incident: after one given up, restarts only
+        acts = not isinstance(c.manager, NoManager)
         cure = clearing.choose(
             v.evidence,
             c.tally.restart_cost(),
             self.clearing,
             c.monotonic(),
-            can_cancel=c.server.profile.cancel is not None and not isinstance(c.manager, NoManager),
+            cancel=c.server.profile.cancel if acts else None,
         )
         began, self.clearing = self.clearing, cure.wait
         if cure.wait is None:
             if began is not None:
                 self.record(began, "gave up", cure.why)
             return cure.why
-        if began is not None or c.incident is None:
-            return None  # a wait goes on
+        if c.incident is None or (began is not None and began.cancel == cure.wait.cancel):
+            return None  # the cure goes on
+        if began is not None:  # a wait that would now cost more than a cancel
+            self.record(began, "gave up", cure.why)
         c.incident.waited = True
         said = cure.why
         if cure.wait.cancel:
-            done = c.crew.cancel(c.server, v.evidence.waited_s or 0.0)
+            e = v.evidence
+            live = None if not e.live_connections else (e.oldest_live_s or 0.0) + c.interval
+            done = c.crew.cancel(c.server, e.waited_s or 0.0, live)
             self.record(cure.wait, "sent" if done.ok else "failed", done.detail)
             if not done.ok:
                 self.clearing = None

@@ -1,13 +1,19 @@
-"""The cheaper cure for a wedge: cancel the abandoned work, wait for it, or restart. Pure.
+"""The cheaper cure for a wedge, for everyone waiting behind it: cancel, wait, or restart. Pure.
 
-A restart loads the model again and drops every client's prompt cache. When the only abandoned
-work is the prefill in flight and the server's own log says it ends sooner than a restart would
-bring the server back, waiting costs less: the server is "clearing", judged again each tick,
-and restarted if it has not served by the prefill's expected end plus a margin. With no progress
-to read (mlx-lm logs none under --draft-model), a prefill that stopped stepping, or abandoned
-requests queued behind the one in flight, the cure is a restart, and its reason says why.
-Cheaper still, where the server's kind cancels requests on demand and only clients that left
-are connected: cancel their requests, and restart only if no token follows.
+The clients queued behind a wedge are who the cure is for. A restart loads the model again,
+drops every client's prompt cache and kills the queued clients' requests too; so each cure is
+costed as the time until the queue is served, and the least is chosen:
+
+- wait: what the server's own log says the abandoned prefill has left (plus a margin: rates
+  vary). Abandoned work queued behind it is known once its first step is logged (a tiny request
+  costs nothing); the wait is judged again then, never given up in advance.
+- cancel: where the server's kind cancels requests on demand, the calls and a token after
+  them (CANCEL_S), for exactly the requests of clients that left (act/cancel.py picks them).
+- restart: this server's measured restart-to-first-token (RestartCost).
+
+A client that gives up behind the wedge is one more victim to serve sooner, never by itself a
+reason to restart. The waiting in one incident is bounded by the restart it avoids: from the
+first wait, at most the restart's cost plus MARGIN_S.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ MARGIN_SHARE = 0.25  # and a quarter of what its rate says is left: rates vary
 STALL_STEPS = 3.0  # a prefill that logged nothing for this many of its steps has stopped
 STALL_MIN_S = 10.0
 CANCEL_VERIFY_S = 15.0  # after a cancel, a token within this long or a restart
+CANCEL_S = 2.0  # a cancel's expected cost: its calls, and a token after them
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class Clearing:
     total: int  # the prompt tokens of the prefill waited for
     cost: RestartCost
     cancel: bool = False  # the abandoned requests were cancelled: waiting for the token
+    margin: float = 0.0  # of `until`, past the prefill's expected end
 
     def waited(self, now: float) -> str:
         if self.cancel:
@@ -74,84 +82,125 @@ def choose(
     clearing: Clearing | None,
     now: float,
     *,
-    can_cancel: bool = False,
+    cancel: str | None = None,
 ) -> Cure:
-    """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the wait under
-    way. `can_cancel`: the server's kind cancels requests on demand."""
-    if clearing is not None:
-        return _still(e, clearing, now)
-    if can_cancel and e.live_connections == 0 and (e.abandoned_connections or 0) >= 1:
-        # Only clients that left are connected: whatever the server works on is theirs.
-        wait = Clearing(now, now + CANCEL_VERIFY_S, e.prefill_total or 0, cost, cancel=True)
+    """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the cure under
+    way. `cancel`: the kind's cancel style ("by_id": by request id, so only requests older
+    than every live client are cancelled; "abort_all": only when no live client is there)."""
+    if clearing is not None and clearing.cancel:
+        return _after_cancel(clearing, now)
+    live = e.live_connections
+    cancellable = (e.abandoned_connections or 0) >= 1 and (
+        (cancel == "by_id" and (live == 0 or (bool(live) and e.oldest_live_s is not None)))
+        or (cancel == "abort_all" and live == 0)
+    )
+    wait, why_not = _plan_wait(e, clearing, cost, now)
+    if wait is not None and (not cancellable or wait.until - now - wait.margin <= CANCEL_S):
+        return Cure(wait, _waiting(e, wait, clearing, cost, now))
+    if cancellable and cost.seconds > CANCEL_S:
+        fresh = Clearing(now, now + CANCEL_VERIFY_S, e.prefill_total or 0, cost, cancel=True)
         return Cure(
-            wait,
+            fresh,
             f"cancelling the abandoned requests through the server's own route instead of "
-            f"restarting ({cost.describe()}); restarting if it has not served within "
-            f"{CANCEL_VERIFY_S:.0f} s",
+            f"{'waiting: ' + why_not + '; ' if why_not else 'restarting: '}{cost.describe()}; "
+            f"restarting if it has not served within {CANCEL_VERIFY_S:.0f} s",
         )
-    if (e.abandoned_connections or 0) > 1:
-        return Cure(None, f"restarting rather than waiting: {_queued(e)}")
+    if wait is not None:
+        return Cure(wait, _waiting(e, wait, clearing, cost, now))
+    if clearing is not None:
+        return Cure(None, f"{clearing.waited(now)}, then {why_not}")
+    return Cure(None, f"restarting rather than waiting: {why_not}")
+
+
+def _plan_wait(
+    e: Evidence, clearing: Clearing | None, cost: RestartCost, now: float
+) -> tuple[Clearing | None, str]:
+    """The wait worth making now (None, and why not): for the abandoned prefill the log shows,
+    within the incident's bound."""
+    began = clearing.began if clearing is not None else now
+    bound = began + cost.seconds + MARGIN_S  # waiting never costs more than the restart
+    if now >= bound:
+        return None, f"waiting longer would cost more than the restart; {cost.describe()}"
+    # A prompt the log shows since the wait began is judged on its own; else the wait ends
+    # where it was given to.
+    new_prompt = clearing is not None and e.prefill_total not in (None, clearing.total)
+    if clearing is not None and now >= clearing.until and not new_prompt:
+        return None, f"it did not clear by its expected end and a margin; {cost.describe()}"
     if e.prefill_total is None or e.prefill_done is None:
-        return Cure(None, f"restarting rather than waiting: {_unread(e)}")
+        if clearing is not None:
+            return clearing, ""  # the log said nothing new: the wait goes on to its bound
+        return None, _unread(e)
+    same = clearing is not None and e.prefill_total == clearing.total
     if e.prefill_done >= e.prefill_total:
-        return Cure(
-            None,
-            "restarting rather than waiting: the last prefill in the server's log has finished, "
-            "so it is not what holds the server",
+        if clearing is not None:  # prefilled: it decodes for the client that left, then serves
+            return clearing, ""
+        return None, (
+            "the last prefill in the server's log has finished, so it is not what holds the server"
         )
     stalled = _stalled(e)
     if stalled is not None:
-        return Cure(None, f"restarting rather than waiting: {stalled}")
+        return None, stalled
     left = e.prefill_left_s
-    if left is None:
-        return Cure(
-            None,
-            "restarting rather than waiting: one prefill step logged so far, no rate to tell "
-            "its end by",
-        )
+    if left is None:  # one step logged: the next one tells its rate; do not give up before
+        step = max(STALL_MIN_S, STALL_STEPS * (e.prefill_step_s or 0.0))
+        until = min(now + step, bound)
+        if same and clearing is not None:
+            until = min(clearing.until, bound)
+        return Clearing(began, until, e.prefill_total, cost, margin=0.0), ""
     margin = MARGIN_S + MARGIN_SHARE * left
     if left + margin >= cost.seconds:
-        return Cure(
-            None,
-            f"restarting rather than waiting: the abandoned prefill needs about {left:.0f} s "
-            f"more (and a {margin:.0f} s margin); {cost.describe()}",
+        return None, (
+            f"the abandoned prefill needs about {left:.0f} s more (and a {margin:.0f} s margin); "
+            f"{cost.describe()}"
         )
-    wait = Clearing(now, now + left + margin, e.prefill_total, cost)
-    return Cure(
-        wait,
+    if now + left + margin > bound:
+        return None, (
+            f"waiting about {left:.0f} s more for the next abandoned prefill would make the "
+            f"wait cost more than the restart it avoids; {cost.describe()}"
+        )
+    if same and clearing is not None and clearing.margin:
+        return clearing, ""  # the same prefill, stepping on to the end it was given
+    return Clearing(began, now + left + margin, e.prefill_total, cost, margin=margin), ""
+
+
+def _waiting(
+    e: Evidence, wait: Clearing, clearing: Clearing | None, cost: RestartCost, now: float
+) -> str:
+    victims = _victims(e)
+    if clearing is not None:
+        said = clearing.waited(now)
+        if wait.total != clearing.total:
+            said += f"; now for the next abandoned prompt ({e.server_prefill})"
+        return said + victims
+    if e.prefill_left_s is None:
+        return (
+            f"waiting for the abandoned prefill's next step ({e.prefill_done:,}/"
+            f"{e.prefill_total:,} prompt tokens, one step logged: its rate is not known yet) "
+            f"instead of restarting: {cost.describe()}{victims}"
+        )
+    return (
         f"waiting for the abandoned prefill to finish ({e.prefill_done:,}/{e.prefill_total:,} "
-        f"prompt tokens at {e.prefill_rate_tps or 0:,.0f} tok/s, about {left:.0f} s left) "
-        f"instead of restarting: {cost.describe()}; restarting if it has not served within "
-        f"{left + margin:.0f} s",
+        f"prompt tokens at {e.prefill_rate_tps or 0:,.0f} tok/s, about "
+        f"{e.prefill_left_s:.0f} s left) instead of restarting: {cost.describe()}; restarting "
+        f"if it has not served within {wait.until - now:.0f} s{victims}"
     )
 
 
-def _still(e: Evidence, clearing: Clearing, now: float) -> Cure:
-    """The wait goes on until the server serves, unless it is plainly not clearing."""
+def _after_cancel(clearing: Clearing, now: float) -> Cure:
     waited = clearing.waited(now)
-    if clearing.cancel:
-        if now < clearing.until:
-            return Cure(clearing, waited)
-        return Cure(None, f"{waited}, no token yet; {clearing.cost.describe()}")
-    if (e.abandoned_connections or 0) > 1:
-        return Cure(None, f"{waited}, then {_queued(e)}")
-    if now >= clearing.until:
-        return Cure(
-            None,
-            f"{waited}: it did not clear by its expected end and a margin; "
-            f"{clearing.cost.describe()}",
-        )
-    waiting_for = e.prefill_total == clearing.total and e.prefill_done != e.prefill_total
-    stalled = _stalled(e) if waiting_for else None
-    if stalled is not None:
-        return Cure(None, f"{waited}, then {stalled}")
-    return Cure(clearing, waited)
+    if now < clearing.until:
+        return Cure(clearing, waited)
+    return Cure(None, f"{waited}, no token yet; {clearing.cost.describe()}")
 
 
-def _queued(e: Evidence) -> str:
+def _victims(e: Evidence) -> str:
+    """The clients that gave up behind the wedge: why the cure should be quick, not which."""
+    more = (e.abandoned_connections or 0) - 1
+    if more <= 0:
+        return ""
     return (
-        f"{e.abandoned_connections} clients left requests behind, so more abandoned work "
-        "waits behind the one in flight"
+        f" ({more} more client{'s' if more > 1 else ''} gave up behind it; "
+        "a restart would not serve them sooner)"
     )
 
 

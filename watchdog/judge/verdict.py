@@ -241,6 +241,7 @@ class Evidence:
     rss_bytes: int | None = None
     abandoned_connections: int | None = None
     live_connections: int | None = None
+    oldest_live_s: float | None = None  # since the watchdog first saw the oldest live client
     oldest_abandoned_s: float | None = None
     gave_up_after_s: tuple[float, ...] = ()  # how long each departed client had waited
     process_error: str | None = None
@@ -302,6 +303,7 @@ def evidence(obs: Observation, now: float) -> Evidence:
         rss_bytes=proc.rss_bytes,
         abandoned_connections=proc.abandoned,
         live_connections=proc.live,
+        oldest_live_s=_r(proc.oldest_live(now)),
         oldest_abandoned_s=_r(proc.oldest_abandoned(now)),
         gave_up_after_s=tuple(proc.gave_up_after()),
         process_error=proc.error or None,

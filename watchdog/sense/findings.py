@@ -56,6 +56,10 @@ class ProcessEvidence:
             if c.abandoned_since is not None and c.abandoned_since > c.first_seen
         )
 
+    def oldest_live(self, now: float) -> float | None:
+        ages = [now - c.first_seen for c in self.clients if c.status == "live"]
+        return max(ages) if ages else None
+
     def oldest_abandoned(self, now: float) -> float | None:
         ages = [now - c.abandoned_since for c in self.clients if c.abandoned_since is not None]
         return max(ages) if ages else None
