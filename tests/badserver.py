@@ -452,7 +452,14 @@ class Server(socketserver.ThreadingTCPServer):
                     }
                     for w in self.work.values()
                 ]
-            doc = {"status": "generating" if listed else "idle", "requests": listed}
+            running, waiting, steps, _ = self.load_state()
+            doc = {
+                "status": "running",
+                "num_running": running + sum(w["status"] == "running" for w in listed),
+                "num_waiting": waiting + sum(w["status"] == "waiting" for w in listed),
+                "steps_executed": int(steps),
+                "requests": listed,
+            }
             sock.sendall(head(200, "application/json") + json.dumps(doc).encode())
             return True
         target = path.removeprefix("/v1/requests/").removesuffix("/cancel")
@@ -526,8 +533,9 @@ REPORTS: dict[tuple[str, str], Report] = {
             'vllm:generation_tokens_total{model_name="m"}': s[3],
         }
     ),
+    # A default vllm-mlx (no lifecycle manager): /health counts nothing; /v1/status does.
     ("vllm-mlx", "/health"): lambda s: _json(
-        {"status": "healthy", "model_loaded": True, "active_requests": s[0] + s[1]}
+        {"status": "healthy", "model_loaded": True, "model_name": "m", "engine_type": "batched"}
     ),
     ("mlx-openai-server", "/v1/queue/stats"): lambda s: _json(
         {

@@ -444,7 +444,7 @@ def hanging(tmp_path: Path) -> Iterator[BadByPidfile]:
 
 
 class FakeServices:
-    """The fake launchctl (fakes/fakelaunchd.py) and systemctl (fakes/fakesvc.py) on PATH,
+    """The fake launchctl (fakes/fakelaunchd.py), systemctl and journalctl (fakes/fakesvc.py) on PATH,
     and their state: the machine (who has a GUI login, whose user manager runs, the
     LaunchDaemons and system units folders) and the jobs."""
 
@@ -464,7 +464,11 @@ class FakeServices:
         systemctl.write_text(
             f'#!/bin/sh\nexec {sys.executable} {TESTS / "fakes" / "fakesvc.py"} "$@"\n'
         )
-        for exe in (launchctl, systemctl):
+        journalctl = self.bin / "journalctl"
+        journalctl.write_text(
+            f'#!/bin/sh\nexec {sys.executable} {TESTS / "fakes" / "fakesvc.py"} journalctl "$@"\n'
+        )
+        for exe in (launchctl, systemctl, journalctl):
             exe.chmod(0o755)
         self.machine(gui=[os.getuid()] if gui is None else gui)
 

@@ -65,8 +65,18 @@ OPENAI_SERVER_STATS = {
         },
     },
 }
-# vllm-mlx /health with its lifecycle fields; Ollama /api/ps.
-VLLM_MLX_HEALTH = {"status": "healthy", "model_loaded": True, "active_requests": 2}
+# vllm-mlx /v1/status (waybarrios/vllm-mlx 4b654c0, server.py `status`); Ollama /api/ps.
+VLLM_MLX_STATUS = {
+    "status": "running",
+    "model": "m",
+    "residency": None,
+    "uptime_s": 12.5,
+    "steps_executed": 4321,
+    "num_running": 2,
+    "num_waiting": 1,
+    "total_requests_processed": 9,
+    "requests": [{"request_id": "r", "status": "running", "phase": "prefill", "elapsed_s": 3.2}],
+}
 OLLAMA_PS = {"models": [{"name": "qwen3:4b", "model": "qwen3:4b", "size_vram": 1}]}
 
 
@@ -84,7 +94,7 @@ def test_prometheus_text_sums_samples_over_labels() -> None:
         ("llama.cpp", LLAMA_METRICS.format(decodes=88, running=1, deferred=3), 1, 3, 88.0, None),
         ("rapid-mlx", RAPID_METRICS, 2, 3, 1234.0, None),
         ("mlx-openai-server", json.dumps(OPENAI_SERVER_STATS), 1, 2, None, None),
-        ("vllm-mlx", json.dumps(VLLM_MLX_HEALTH), 2, None, None, None),
+        ("vllm-mlx", json.dumps(VLLM_MLX_STATUS), 2, 1, 4321.0, None),
         ("ollama", json.dumps(OLLAMA_PS), None, None, None, 1),
     ],
 )

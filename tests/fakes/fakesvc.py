@@ -18,15 +18,21 @@
   `TimeoutStopSec`), and counts as a failure for `Restart=on-failure`.
 - A unit gets only its `Environment=` lines, runs in `WorkingDirectory` (default: the user's
   home for the user manager, `/` for the system one) and as `User=` when the system runs it.
+- Its stdout and stderr go to the journal, a line an entry (a line over journald's LineMax,
+  48K, is split), read back with `journalctl` (see `journalctl` below: `--user`, `-u`,
+  `-o cat`, `-n`, `--after-cursor`, `--show-cursor`, `-q`, `--no-pager`; an unknown option or
+  a cursor it did not write fails as journalctl does).
 
 State is one JSON file ($FAKE_SVC_STATE) under a lock; every call is appended to $FAKE_SVC_LOG.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -35,6 +41,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -252,6 +259,10 @@ def supervise_in(scope: str, unit: str, folder: str) -> None:
                     if job["watchdog_sec"] > 0:
                         extra["WATCHDOG_USEC"] = str(int(job["watchdog_sec"] * 1e6))
                 proc = spawn(job, scope, extra)
+                if proc is not None:
+                    threading.Thread(
+                        target=to_journal, args=(proc.stdout, scope, unit), daemon=True
+                    ).start()
                 job["pid"] = proc.pid if proc else None
                 job["ready"] = False
                 pinged = began = time.monotonic()
@@ -298,8 +309,8 @@ def spawn(job: dict[str, Any], scope: str, extra: dict[str, str]) -> subprocess.
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             cwd=cwd,
             env={**job["env"], **extra},  # the unit's Environment= lines and systemd's own
         )
@@ -307,13 +318,86 @@ def spawn(job: dict[str, Any], scope: str, extra: dict[str, str]) -> subprocess.
         return None
 
 
+LINE_MAX = 48 * 1024  # journald's LineMax: a longer line is split into entries
+CURSOR = re.compile(r"^s=fakejournal;i=([0-9a-f]{1,16})$")
+
+
+def journal_path() -> Path:
+    return Path(os.environ["FAKE_SVC_STATE"] + ".journal")
+
+
+def to_journal(stream: Any, scope: str, unit: str) -> None:
+    """Each line the unit writes, an entry of the journal, as journald takes a stream."""
+    last = 0
+    with journal_path().open("ab") as journal:
+        for line in iter(stream.readline, b""):
+            line = line.rstrip(b"\n")
+            for i in range(0, max(len(line), 1), LINE_MAX):
+                last = max(last + 1, time.time_ns())
+                entry = {"scope": scope, "unit": unit, "seq": last}
+                entry["message"] = line[i : i + LINE_MAX].decode("utf-8", "replace")
+                journal.write(json.dumps(entry).encode() + b"\n")
+                journal.flush()
+
+
+def journalctl(args: list[str]) -> int:
+    """journalctl's reading of a unit's journal, as systemd 252's does it."""
+    scope, unit, lines, after, show = "system", None, None, None, False
+    it = iter(args)
+    for a in it:
+        if a == "--user":
+            scope = "user"
+        elif a in ("-u", "--unit"):
+            unit = next(it, None)
+        elif a in ("-n", "--lines"):
+            lines = int(next(it, "10"))
+        elif a == "--after-cursor":
+            after = next(it, "")
+        elif a == "--show-cursor":
+            show = True
+        elif a in ("-o", "--output"):
+            if next(it, None) != "cat":
+                return err("this stand-in writes -o cat only", 1)
+        elif a in ("-q", "--quiet", "--no-pager"):
+            pass
+        else:
+            return err(f"journalctl: unrecognized option '{a}'", 1)
+    since = 0
+    if after is not None:
+        m = CURSOR.match(after)
+        if m is None:
+            return err("Failed to seek to cursor: Invalid argument", 1)
+        since = int(m.group(1), 16)
+    entries = []
+    with contextlib.suppress(FileNotFoundError), journal_path().open("rb") as journal:
+        for raw in journal:
+            with contextlib.suppress(ValueError):
+                e = json.loads(raw)
+                if e["scope"] == scope and e["unit"] == unit and e["seq"] > since:
+                    entries.append(e)
+    if lines is not None:  # after a cursor the first N from it; else the last N
+        entries = entries[:lines] if after is not None else entries[-lines:] if lines else []
+    out = sys.stdout.buffer
+    for e in entries:
+        out.write(e["message"].encode() + b"\n")
+    if show and entries:
+        out.write(f"-- cursor: s=fakejournal;i={entries[-1]['seq']:x}\n".encode())
+    out.flush()
+    return 0
+
+
 def main() -> int:
     if sys.argv[1:2] == ["supervise"]:
         supervise(sys.argv[2], sys.argv[3])
         return 0
+    tool, args = (
+        ("journalctl", sys.argv[2:])
+        if sys.argv[1:2] == ["journalctl"]
+        else ("systemctl", sys.argv[1:])
+    )
     with Path(os.environ["FAKE_SVC_LOG"]).open("a") as log:
-        log.write(json.dumps(["systemctl", *sys.argv[1:]]) + "\n")
-    return systemctl(sys.argv[1:])
+        log.write(json.dumps([tool, *args]) + "\n")
+    return journalctl(args) if tool == "journalctl" else systemctl(args)
 
 
 if __name__ == "__main__":

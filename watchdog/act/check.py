@@ -18,7 +18,7 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
-from mlx_watchdog.sense.progress import LogProgress, server_log
+from mlx_watchdog.sense.progress import LogProgress, progress_reader
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
@@ -60,7 +60,7 @@ class Checker:
         self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
         self.own = OwnConnections(server.probe.hard_timeout, clock)
         self.load = LoadReader(server, clock=clock, own=self.own)
-        self.progress = LogProgress(server_log(server), wall=wall)
+        self.progress: LogProgress = progress_reader(server, wall=wall)
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
@@ -102,8 +102,9 @@ class Checker:
         self.inspector.server = server
         self.load.server = server
         self.own.keep = server.probe.hard_timeout
-        if server_log(server) != self.progress.path:
-            self.progress = LogProgress(server_log(server), wall=self.progress.wall)
+        fresh = progress_reader(server, wall=self.progress.wall)
+        if fresh.where != self.progress.where:
+            self.progress = fresh
         if moved:
             self.load.forget()
 
@@ -153,7 +154,9 @@ class Checker:
         if fresh_since is not None and snap.started_at < fresh_since:
             snap = replace(snap, started_at=fresh_since)
             self.leak_since = None
-        prefill = self.progress.read()
+        # A reader that costs a process a look (a unit's journal) is read only while it matters.
+        wanted = not snap.done or not self.progress.on_demand
+        prefill = self.progress.read() if wanted else None
         return Observation(
             snap,
             process,

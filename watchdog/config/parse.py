@@ -9,7 +9,7 @@ import itertools
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import Field, fields
+from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -129,10 +129,18 @@ def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
         )
     return Config(
         watchdog=watchdog,
-        servers=tuple(s for s in servers if s is not None),
+        servers=tuple(_own_log(s, watchdog.state_dir) for s in servers if s is not None),
         source=source,
         warnings=tuple(warnings),
     )
+
+
+def _own_log(server: ServerConfig, state_dir: Path) -> ServerConfig:
+    """A server the watchdog runs writes its output where the watchdog reads its progress:
+    `log_file`, else a log of its own in the state folder (rotated like any log_file)."""
+    if server.manager != "process" or server.log_file is not None:
+        return server
+    return replace(server, log_file=state_dir / "logs" / f"{server.name}.log")
 
 
 # -- sections ------------------------------------------------------------------------------

@@ -137,7 +137,16 @@ PROFILES: dict[Kind, Profile] = {
             "vllm-mlx",
             match="vllm-mlx",
             health="/health",
-            load=LoadRoute("/health", "json", running=("active_requests",)),
+            # /health has active_requests only with the lifecycle manager; /v1/status always
+            # counts (waybarrios/vllm-mlx 4b654c0, server.py `status`: num_running,
+            # num_waiting, steps_executed from the engine's get_stats).
+            load=LoadRoute(
+                "/v1/status",
+                "json",
+                running=("num_running",),
+                waiting=("num_waiting",),
+                progress=("steps_executed",),
+            ),
             cancel="by_id",
             failure_modes=(
                 (

@@ -238,7 +238,11 @@ class ServerConfig:
         example={"HF_HUB_CACHE": "/path/to/hub"},
     )
     log_file: Path | None = setting(
-        None, parse=parse_path, doc="the server's output", example="~/Library/Logs/mlx-server.log"
+        None,
+        parse=parse_path,
+        doc="the server's output, where its prefill progress is read (manager = process: "
+        "left out, state_dir/logs/NAME.log)",
+        example="~/Library/Logs/mlx-server.log",
     )
     maintenance: str = setting(
         "",

@@ -17,9 +17,12 @@ to read, which is said, never guessed.
 
 from __future__ import annotations
 
+import errno
 import os
 import plistlib
 import re
+import select
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +33,10 @@ from mlx_watchdog.sense.files import open_regular
 from mlx_watchdog.sense.findings import Prefill
 
 READ_MAX = 1 << 20  # bytes a look reads at most
+JOURNAL_TAIL = 500  # lines of a unit's journal a first look (or one after a pause) reads
+JOURNAL_LINES = 5000  # lines from the cursor a look reads at most
+JOURNAL_PAUSE = 30.0  # s without a look, after which the journal is read from its tail
+JOURNAL_TIMEOUT = 2.0  # s for journalctl in all
 PLIST_MAX = 1 << 20  # bytes of a launchd job's plist read to find its log
 PREFILLS_KEPT = 16  # prompt sizes followed at once
 SHORT_PROMPT = 512  # tokens: prefilled in one step, so its lines tell nothing of a wedge
@@ -98,6 +105,12 @@ class LogProgress:
         # The prefills in the log's last lines, by prompt size, the one stepped last at the end.
         self._prefills: dict[object, list[_Step]] = {}
 
+    on_demand = False  # True: read only while the probe waits (each look costs a process)
+
+    @property
+    def where(self) -> str:
+        return f"the server's log {self.path}"
+
     def read(self) -> Prefill | None:
         """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
         if self.path is None:
@@ -105,9 +118,12 @@ class LogProgress:
         try:
             chunk = self._new_bytes(self.path)
         except OSError as exc:
-            self.problem = f"cannot read the server's log {self.path}: {exc.strerror or exc}"
+            self.problem = f"cannot read {self.where}: {exc.strerror or exc}"
             return None
         self.problem = None
+        return self._take(chunk)
+
+    def _take(self, chunk: bytes) -> Prefill | None:
         steps = [step for line in chunk.split(b"\n") if (step := _step(line)) is not None]
         # llama-server's times count from its start: its newest line is taken as written at
         # this look (read each tick, so at most an interval late), the others before it.
@@ -120,7 +136,9 @@ class LogProgress:
         return self._prefill()
 
     def _new_bytes(self, path: Path) -> bytes:
-        with open_regular(path, follow=False) as fh:
+        # A link to a log is followed: only numbers are taken from it (the dump's log tail,
+        # text kept in the history, follows none).
+        with open_regular(path) as fh:
             st = os.fstat(fh.fileno())
             if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
                 # First look, a rotated log or a truncated one: from near its end, or its start.
@@ -162,6 +180,120 @@ class LogProgress:
             age_s=round(max(0.0, self.wall() - last.at), 1),
             step_s=round(span / (len(steps) - 1), 2) if len(steps) > 1 else None,
         )
+
+
+class JournalProgress(LogProgress):
+    """A systemd user unit's prefill progress, from its journal: `journalctl --user -u UNIT
+    -o cat` from a cursor, so each look reads only what came since. Only while the probe waits
+    (a look spawns journalctl); after a pause, from the journal's last JOURNAL_TAIL lines."""
+
+    on_demand = True
+
+    def __init__(
+        self,
+        unit: str,
+        *,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(None, wall=wall)
+        self.unit = unit
+        self.mono = mono
+        self._cursor: str | None = None
+        self._looked: float | None = None
+
+    @property
+    def where(self) -> str:
+        return f"the journal of {self.unit}"
+
+    def read(self) -> Prefill | None:
+        try:
+            chunk = self._journal()
+        except OSError as exc:
+            self.problem = f"cannot read {self.where}: {exc.strerror or exc}"
+            return None
+        self.problem = None
+        return self._take(chunk)
+
+    def _journal(self) -> bytes:
+        now = self.mono()
+        fresh = self._looked is None or now - self._looked > JOURNAL_PAUSE or not self._cursor
+        self._looked = now
+        argv = ["journalctl", "--user", "-u", self.unit, "-o", "cat", "-q", "--no-pager"]
+        argv += ["--show-cursor", "-n", str(JOURNAL_TAIL if fresh else JOURNAL_LINES)]
+        if fresh:
+            self._prefills = {}
+        else:
+            argv += ["--after-cursor", str(self._cursor)]
+        code, out, err = bounded_run(argv, cap=READ_MAX, timeout=JOURNAL_TIMEOUT)
+        if code != 0:
+            said = err.decode(errors="replace").strip().splitlines()
+            self._cursor = None  # a cursor it refuses (the journal was rotated): from the tail
+            raise OSError(errno.EIO, f"journalctl exited {code}: {said[-1][:200] if said else ''}")
+        head, sep, tail = out.rpartition(b"-- cursor: ")
+        if sep and (not head or head.endswith(b"\n")):
+            cursor = tail.strip()
+            if cursor and len(cursor) < 512:
+                self._cursor = cursor.decode(errors="replace")
+            return head
+        return out
+
+
+def bounded_run(argv: list[str], *, cap: int, timeout: float) -> tuple[int, bytes, bytes]:
+    """A command's exit code, stdout (at most `cap` bytes) and stderr (at most 4 kB), ended
+    (SIGKILL) at `timeout` seconds in all. OSError when it cannot run or overran."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout: out, proc.stderr: err}
+    try:
+        while streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(errno.ETIMEDOUT, f"{argv[0]} took longer than {timeout:g} s")
+            ready, _, _ = select.select(list(streams), [], [], left)
+            for stream in ready:
+                assert stream is not None
+                chunk = os.read(stream.fileno(), 65536)
+                got = streams[stream]
+                if not chunk:
+                    del streams[stream]
+                elif len(got) < (cap if got is out else 4096):
+                    got += chunk
+        code = proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise OSError(errno.ETIMEDOUT, f"{argv[0]} took longer than {timeout:g} s") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return code, bytes(out[:cap]), bytes(err[:4096])
+
+
+def progress_reader(server: ServerConfig, *, wall: Callable[[], float] = time.time) -> LogProgress:
+    """Where this server's progress is read: its log (`server_log`), else a systemd unit's
+    journal, else nowhere (a reader that reads nothing)."""
+    path = server_log(server)
+    if path is None and server.manager == "systemd" and server.unit:
+        return JournalProgress(server.unit, wall=wall)
+    return LogProgress(path, wall=wall)
+
+
+def progress_source(server: ServerConfig) -> str | None:
+    """Where the server's prefill progress is read, said for a person; None: nowhere."""
+    reader = progress_reader(server)
+    if isinstance(reader, JournalProgress) or reader.path is not None:
+        return reader.where
+    return None
 
 
 def _going(steps: list[_Step], newest: float) -> bool:
