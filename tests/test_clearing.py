@@ -48,7 +48,7 @@ def test_a_prefill_that_ends_sooner_than_a_restart_is_waited_for() -> None:
     ("evidence", "why"),
     [
         (prefilling(2_000, 40_000), "needs about 38 s more (and a 14 s margin); a restart takes"),
-        (Evidence(abandoned_connections=1), "no prefill progress can be read"),
+        (Evidence(abandoned_connections=1), "no prefill progress is in the server.s log"),
         (
             Evidence(abandoned_connections=1, progress_problem="cannot read the log: denied"),
             "its progress cannot be read (cannot read the log: denied)",

@@ -16,6 +16,7 @@ import pytest
 from mlx_watchdog.config import default_state_dir, effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send, server_command
+from mlx_watchdog.judge.clearing import DEFAULT_RESTART_S, MARGIN_S
 from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
 
 pytestmark = pytest.mark.real_server
@@ -112,23 +113,24 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     events = [json.loads(line) for line in hook_out.read_text().splitlines()]
     assert [e["kind"] for e in events] == ["detected", "restarting", "recovered"]
     # Under --draft-model mlx-lm logs no prefill progress: no wait, and the reason says so.
-    assert "restarting rather than waiting: no prefill progress can be read" in events[1]["message"]
+    said = events[1]["message"]
+    assert "restarting rather than waiting: no prefill progress is in the server's log" in said
     assert events[2]["data"]["recover_s"] == pytest.approx(incident.recover_s, abs=0.01)
 
     t.stop()
     assert not psutil.pid_exists(new_pid) or psutil.Process(new_pid).status() == "zombie"
 
 
-def test_an_abandoned_prefill_is_waited_for_then_a_second_one_behind_it_restarts(
+def test_an_abandoned_prefill_is_waited_for_and_more_behind_it_within_the_restarts_cost(
     tmp_path: Path,
     tiny_model: Path,
     hf_cache: Path,
     run_daemon: Callable[[object], DaemonThread],
 ) -> None:
     """Batched (no draft model), the server logs its prefill: a prompt abandoned with a few
-    seconds of prefill left is waited for, not restarted. In the next incident a second
-    client gives up behind the first: more abandoned work than the prefill in flight, so the
-    wait ends in a restart."""
+    seconds of prefill left is waited for, not restarted. In the next incident two clients
+    give up: their prompts are judged as the log shows them, and the waiting in the incident
+    never passes the restart's cost (30 s here, none measured yet) plus its margin."""
     doc = process_config(tmp_path, tiny_model, hf_cache, [], [])
     server = doc["server"][0]  # type: ignore[index]
     port = int(server["url"].rsplit(":", 1)[1])
@@ -166,14 +168,13 @@ def test_an_abandoned_prefill_is_waited_for_then_a_second_one_behind_it_restarts
         thread.start()
     for thread in abandon:
         thread.join()
-    until(lambda: "restarting" in kinds(), 120, "a restart")
-    until(lambda: kinds()[-1] == "recovered", 120, "the restarted server to serve")
-    second = kinds()[before:]
-    assert second[0] == "detected" and second[-2:] == ["restarting", "recovered"], second
-    restarting = [e for e in t.daemon.store.events() if e.kind == "restarting"][-1]
-    assert "clients left requests behind" in restarting.message
-    assert w.manager.pid() not in (None, first_pid)
-    assert len(t.daemon.store.restart_costs("tiny", 5)) == 1
+    until(lambda: kinds()[before:][-1:] == ["recovered"], 120, "the second incident to end")
+    second = [e for e in t.daemon.store.events() if e.kind != "gave_up"][before:]
+    assert [e.kind for e in second[:2]] == ["detected", "clearing"], second
+    waited = next(e.at for e in second if e.kind in ("restarting", "recovered")) - second[1].at
+    assert waited <= DEFAULT_RESTART_S + MARGIN_S + 2.0  # the bound, plus an interval or two
+    # A restart, if any, is for what the wait would cost; never because clients left.
+    assert all("clients left requests behind" not in e.message for e in second)
 
 
 def test_a_patient_client_is_not_restarted(

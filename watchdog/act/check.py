@@ -18,7 +18,7 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
-from mlx_watchdog.sense.progress import LogProgress, progress_reader
+from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_unread
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
@@ -166,7 +166,7 @@ class Checker:
             self.loading_since,
             fans_out,
             prefill,
-            self.progress.problem,
+            self.progress.problem or progress_unread(self.server),
         )
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:

@@ -28,6 +28,7 @@ from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import OK, Probe
+from mlx_watchdog.sense.progress import PARSED_KINDS, progress_source, unread_cost
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
 __all__ = ["Finding", "Level", "exit_code", "mac_findings", "run_doctor"]
@@ -96,14 +97,18 @@ def _server(
     why, cmdline = refusal(server, left)
     yield from _generation(name, server, why)
     yield from _profile(server, cmdline)
+    yield from _progress(server)
     if "--draft-model" in cmdline:
         yield Finding(
             "warning",
             name,
             "serves one request at a time (--draft-model disables batching): one abandoned "
-            "long prompt holds every client behind it until its prefill ends",
+            "long prompt holds every client behind it until its prefill ends; and it logs no "
+            "prefill progress then, so the watchdog cannot tell when the abandoned work ends "
+            "and restarts every wedge (losing every client's prompt cache)",
             "give every client and proxy a timeout above the longest prefill "
-            "(mlx-watchdog calibrate)",
+            "(mlx-watchdog calibrate); or serve without --draft-model: batched, it logs its "
+            "progress and serves small requests between an abandoned prompt's steps",
         )
     elif cmdline:
         yield Finding(
@@ -119,6 +124,17 @@ def _server(
             "raise that client's timeout (and its proxy's) to the figure above, or stop it "
             "resending the prompt",
         )
+
+
+def _progress(server: ServerConfig) -> Iterator[Finding]:
+    """Where the server's prefill progress is read, or what reading none costs."""
+    unread = unread_cost(server)
+    if unread is not None:
+        yield Finding("warning", server.name, *unread)
+        return
+    source = progress_source(server)
+    if source is not None and server.kind in PARSED_KINDS:
+        yield Finding("ok", server.name, f"its prefill progress is read from {source}")
 
 
 def _generation(name: str, server: ServerConfig, why: str | None) -> Iterator[Finding]:

@@ -208,9 +208,8 @@ def _unread(e: Evidence) -> str:
     if e.progress_problem:
         return f"its progress cannot be read ({e.progress_problem})"
     return (
-        "no prefill progress can be read (from the server's log: `log_file` under manager = "
-        '"process", or a launchd job\'s StandardErrorPath; none was found, or no prefill is in '
-        "it: mlx_lm.server logs none with --draft-model)"
+        "no prefill progress is in the server's log (mlx_lm.server logs none with "
+        "--draft-model), so how long the abandoned work runs is unknown"
     )
 
 

@@ -296,6 +296,31 @@ def progress_source(server: ServerConfig) -> str | None:
     return None
 
 
+PARSED_KINDS = ("mlx_lm", "llama.cpp")  # the kinds whose log lines tell a prefill's progress
+
+
+def progress_unread(server: ServerConfig) -> str | None:
+    """What it costs that this server's progress is read nowhere, and the fix; None when it
+    is read (or its kind logs nothing the watchdog parses)."""
+    said = unread_cost(server)
+    return None if said is None else f"{said[0]}: {said[1]}"
+
+
+def unread_cost(server: ServerConfig) -> tuple[str, str] | None:
+    """`progress_unread` as (what it costs, the fix)."""
+    if server.kind not in PARSED_KINDS or progress_source(server) is not None:
+        return None
+    if server.manager == "launchd":
+        fix = "add StandardErrorPath to its launchd plist"
+    else:
+        fix = 'set log_file to the file its output goes to, or run it with manager = "process"'
+    return (
+        "no log of this server is read, so an abandoned prefill's progress is unknown and every "
+        "wedge will be restarted, even one that would clear in seconds",
+        fix,
+    )
+
+
 def _going(steps: list[_Step], newest: float) -> bool:
     """A long prompt's prefill not finished, whose last step is not far behind the log's."""
     last = steps[-1]
