@@ -1,6 +1,6 @@
 """Least-cost recovery against always-restart, side by side, on the real mlx_lm.server.
 
-    python bench/least_cost.py [--restart-delay 20] [--json out.json]
+    python bench/least_cost.py [--restart-delay 20] [--quick] [--json out.json]
 
 The server is serial without a draft model (`--kv-bits 8 --kv-group-size 32`, on the tiny model
 built with 2 heads so its KV cache can be quantized), so mlx-lm logs its prefill. Its start is
@@ -12,11 +12,24 @@ be detected at about 80% of its prefill. Each mode runs on a fresh server and da
   than a restart would bring the server back;
 - always restart (`least_cost = false`).
 
+Each mode runs three cases, as the field brings them:
+
+- lab: the abandoned prompt alone, the config naming the server's log;
+- impatient: a client polls behind it (a tiny request each second, a 5 s timeout, as a load
+  balancer's health check): it gives up behind the wedge, one more victim;
+- default: the same, with the config a user writes (no `log_file`: the watchdog's own log of
+  the server it runs is read).
+
+And a cancel-capable server (the tests' misbehaving server, shaped as vllm-mlx) with a live
+client queued behind an abandoned request.
+
 Measured for each: the outage (the incident's, from the first unanswered probe to the first
-token after), whether the server was restarted, and the agent's prompt sent again afterwards:
-its time to first token (cached: about a tenth of a second; after a restart the cache is gone
-and the whole prompt is prefilled again). Last, a retry loop: one client sends the same prompt
-three times and gives up each time at the same point; the alert text is printed.
+token after), whether the server was restarted, the polling client's requests served and given
+up, the live client's outcome, and the agent's prompt sent again afterwards: its time to first
+token (cached: about a tenth of a second; after a restart the cache is gone and the whole
+prompt is prefilled again). Last, a retry loop: one client sends the same prompt three times
+and gives up each time at the same point; the alert text is printed. `--quick` runs the
+impatient case and the cancel case only, with a short restart delay (CI's smoke run).
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,9 +71,12 @@ def server_argv(model: Path, port: int, delay: float) -> list[str]:
     return [sys.executable, "-c", wrapper, str(delay), *serve]
 
 
-def config(work: Path, model: Path, port: int, delay: float, least_cost: bool) -> Any:
+def config(
+    work: Path, model: Path, port: int, delay: float, least_cost: bool, *, log: bool = True
+) -> Any:
     hub = work / "hf-hub"
     hub.mkdir(parents=True, exist_ok=True)
+    named = {"log_file": str(work / "server.log")} if log else {}
     return parse_config(
         {
             "watchdog": {"interval": "1s", "listen": "127.0.0.1:0", "state_dir": str(work)},
@@ -70,7 +87,7 @@ def config(work: Path, model: Path, port: int, delay: float, least_cost: bool) -
                     "manager": "process",
                     "command": server_argv(model, port, delay),
                     "env": {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"},
-                    "log_file": str(work / "server.log"),
+                    **named,
                     "probe": {
                         "slow_after": "2s",
                         "wedge_after": f"{WEDGE_AFTER:g}s",
@@ -101,9 +118,35 @@ def healthy(t: DaemonThread) -> bool:
     return w.verdict is not None and w.verdict.state == "healthy" and w.incident is None
 
 
-def one_mode(work: Path, model: Path, delay: float, least_cost: bool) -> dict[str, Any]:
+class Poller:
+    """A client that sends a tiny request each second with a 5 s timeout, behind the wedge."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.outcomes: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.outcomes.append(send(self.url, "ping", timeout=5.0))
+            self.stop.wait(1.0)
+
+    def start(self) -> Poller:
+        self.thread.start()
+        return self
+
+    def end(self) -> dict[str, int]:
+        self.stop.set()
+        self.thread.join(30)
+        return {o: self.outcomes.count(o) for o in ("served", "gave up", "error")}
+
+
+def one_mode(
+    work: Path, model: Path, delay: float, least_cost: bool, case: str = "lab"
+) -> dict[str, Any]:
     port = free_port()
-    cfg = config(work, model, port, delay, least_cost)
+    cfg = config(work, model, port, delay, least_cost, log=case != "default")
     url = cfg.servers[0].url
     t = DaemonThread(Daemon(cfg))
     try:
@@ -116,20 +159,87 @@ def one_mode(work: Path, model: Path, delay: float, least_cost: bool) -> dict[st
         words = int((WEDGE_AFTER + 0.5) / 0.8 * rate / 3)
         sent = time.monotonic()
         assert send(url, long_prompt(99, words=words), timeout=CLIENT_TIMEOUT) == "gave up"
+        poller = Poller(url).start() if case != "lab" else None
         until(lambda: t.daemon.store.incidents(0.0), 60, "the wedge to be detected")
         until(lambda: healthy(t), delay + 180, "serving again")
+        polled = poller.end() if poller is not None else {}
         (incident,) = t.daemon.store.incidents(0.0)
         after = ttft(url, agent)
         return {
+            "case": case,
             "mode": "least cost" if least_cost else "always restart",
             "abandoned_prompt_words": words,
             "outage_s": round(incident.outage_s or 0.0, 1),
             "restarted": bool(t.daemon.store.restarts("bench", 0.0)),
+            "restart_s": delay,
             "outcome": incident.outcome,
+            "poller": polled,
             "agent_ttft_cached_s": round(cached, 2),
             "agent_ttft_after_s": round(after, 2),
             "lost_cache_s": round(max(0.0, after - cached), 2),
             "until_serving_s": round(time.monotonic() - sent, 1),
+        }
+    finally:
+        t.stop()
+
+
+def cancel_case(work: Path, least_cost: bool) -> dict[str, Any]:
+    """A vllm-mlx-shaped server (cancel by id): an abandoned long request, a poller, and a live
+    client queued behind it; its restart takes 5 s (a wrapped start)."""
+    port = free_port()
+    script = Path(__file__).resolve().parent.parent / "tests" / "badserver.py"
+    wrapper = (
+        "import os, sys, time; time.sleep(5); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+    server = {
+        "name": "bench",
+        "url": f"http://127.0.0.1:{port}",
+        "kind": "vllm-mlx",
+        "match": "badserver",
+        "manager": "process",
+        "command": [
+            sys.executable,
+            "-c",
+            wrapper,
+            str(script),
+            "--port",
+            str(port),
+            "--mode",
+            "cancellable",
+            "--kind",
+            "vllm-mlx",
+        ],
+        "probe": {"slow_after": "1s", "wedge_after": "3s", "startup_grace": "60s"},
+        "restart": {"max_restarts": 5, "backoff": "1s", "least_cost": least_cost},
+    }
+    doc = {"watchdog": {"interval": "500ms", "listen": "127.0.0.1:0", "state_dir": str(work)}}
+    t = DaemonThread(Daemon(parse_config({**doc, "server": [server]})))
+    url = server["url"]
+    try:
+        until(lambda: healthy(t), 60, "the server to serve")
+        # The client waited 2 s before it gave up (its timeout); those who come after it are
+        # younger than its request by that much, as in the field (where it is minutes).
+        assert send(str(url), "word " * 8000, timeout=2.0) == "gave up"
+        poller = Poller(str(url)).start()
+        time.sleep(0.5)  # the live client comes after the abandoned request, and waits
+        live: list[str] = []
+        client = threading.Thread(target=lambda: live.append(send(str(url), "hi", timeout=120)))
+        client.start()
+        until(lambda: t.daemon.store.incidents(0.0), 60, "the wedge to be detected")
+        until(lambda: healthy(t), 120, "serving again")
+        client.join(120)
+        polled = poller.end()
+        (incident,) = t.daemon.store.incidents(0.0)
+        return {
+            "case": "cancel, a live client queued",
+            "mode": "least cost" if least_cost else "always restart",
+            "outage_s": round(incident.outage_s or 0.0, 1),
+            "restarted": bool(t.daemon.store.restarts("bench", 0.0)),
+            "restart_s": 5.0,
+            "outcome": incident.outcome,
+            "poller": polled,
+            "live_client": live[0] if live else "no answer",
         }
     finally:
         t.stop()
@@ -156,25 +266,44 @@ def retry_loop(work: Path, model: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restart-delay", type=float, default=20.0)
+    parser.add_argument("--quick", action="store_true", help="two cases, a 5 s restart")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    delay = 5.0 if args.quick else args.restart_delay
+    cases = ("impatient",) if args.quick else ("lab", "impatient", "default")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = build_model(root / "model", heads=2)
         rows = [
-            one_mode(root / mode, model, args.restart_delay, least_cost)
+            one_mode(root / f"{case}-{mode}", model, delay, least_cost, case)
+            for case in cases
             for mode, least_cost in (("least", True), ("always", False))
         ]
-        alert = retry_loop(root / "loop", model)
+        rows += [
+            cancel_case(root / f"cancel-{m}", lc) for m, lc in (("least", True), ("always", False))
+        ]
+        alert = None if args.quick else retry_loop(root / "loop", model)
     for r in rows:
+        polled = r["poller"]
         print(
-            f"{r['mode']:>15}: outage {r['outage_s']:5.1f} s, "
-            f"{'restarted' if r['restarted'] else 'not restarted'}, "
-            f"the agent's cached prompt again: {r['agent_ttft_after_s']:.2f} s "
-            f"(cached {r['agent_ttft_cached_s']:.2f} s; lost to the cache {r['lost_cache_s']:.2f} s)"
+            f"{r['case']:>28} {r['mode']:>15}: outage {r['outage_s']:5.1f} s, "
+            f"{'restarted' if r['restarted'] else 'not restarted'} (a restart: {r['restart_s']:g} s)"
+            + (
+                f", the poller: {polled.get('served', 0)} served, {polled.get('gave up', 0)} gave up"
+                if polled
+                else ""
+            )
+            + (f", the live client: {r['live_client']}" if "live_client" in r else "")
+            + (
+                f", the agent's cached prompt again: {r['agent_ttft_after_s']:.2f} s "
+                f"(cached {r['agent_ttft_cached_s']:.2f} s)"
+                if "agent_ttft_after_s" in r
+                else ""
+            )
         )
-        print(f"{'':>17}{r['outcome']}")
-    print(f"retry loop, the third alert: {alert}")
+        print(f"{'':>30}{r['outcome']}")
+    if alert is not None:
+        print(f"retry loop, the third alert: {alert}")
     if args.json:
         args.json.write_text(json.dumps({"modes": rows, "retry_loop_alert": alert}, indent=2))
 

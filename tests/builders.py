@@ -88,3 +88,20 @@ def command_server(
         "probe": probe,
         "restart": {"max_restarts": 3, "backoff": "1s", "command_timeout": "1m"},
     }
+
+
+def restarts_took(state: Path, server: str, seconds: float) -> None:
+    """A history in which `server`'s restarts took `seconds` to the first token (two hours ago:
+    outside any budget's window), as for a large model: waiting can then be the cheaper cure."""
+    import time
+
+    from mlx_watchdog.record.store import open_history
+
+    store = open_history(state)
+    try:
+        at = time.time() - 7200
+        store.finish_restart(
+            store.start_restart(server, at, "wedged"), at + seconds, "recovered", seconds
+        )
+    finally:
+        store.close()

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from mlx_watchdog.config import default_state_dir, effective, parse_config, to_t
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send, server_command
 from mlx_watchdog.judge.clearing import DEFAULT_RESTART_S, MARGIN_S
+from tests.builders import restarts_took
 from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
 
 pytestmark = pytest.mark.real_server
@@ -135,6 +137,9 @@ def test_an_abandoned_prefill_is_waited_for_and_more_behind_it_within_the_restar
     server = doc["server"][0]  # type: ignore[index]
     port = int(server["url"].rsplit(":", 1)[1])
     server["command"] = server_command(tiny_model, port, serial=False)
+    # Restarts that took 30 s (a large model's load): else the tiny model's own start of a
+    # few seconds is the cost, and a restart is cheaper than any wait.
+    restarts_took(tmp_path / "state", "tiny", 30.0)
     config = parse_config(doc)
     t = run_daemon(Daemon(config))
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
@@ -157,7 +162,9 @@ def test_an_abandoned_prefill_is_waited_for_and_more_behind_it_within_the_restar
     # the probe more than once before it ends, and each time is waited out, not restarted.
     until(lambda: abandoned(first_pid) == 0, 120, "the abandoned request to end")
     until(lambda: state(t) == "healthy" and w.incident is None, 60, "healthy again")
-    assert w.manager.pid() == first_pid and t.daemon.store.restarts("tiny", 0.0) == []
+    assert (
+        w.manager.pid() == first_pid and t.daemon.store.restarts("tiny", time.time() - 3600) == []
+    )
     assert set(kinds()) == {"detected", "clearing", "recovered"}
     before = len(kinds())
     abandon = [
@@ -195,7 +202,7 @@ def test_a_patient_client_is_not_restarted(
     client.join(300)
     assert outcome == ["served"]
     until(lambda: state(t) == "healthy", 30, "healthy again")
-    assert t.daemon.store.restarts("tiny", 0.0) == []
+    assert t.daemon.store.restarts("tiny", time.time() - 3600) == []
     assert t.daemon.store.incidents(0.0) == []
     states = {row.state for row in t.daemon.store.probes("tiny", 0.0)}
     assert "busy" in states and not states & {"wedged", "dead", "down"}
@@ -237,7 +244,7 @@ def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
     client.join(300)
     assert outcome == ["served"]  # the patient client was never cut off
     until(lambda: state(t) == "healthy", 30, "healthy again")
-    assert t.daemon.store.restarts("tiny", 0.0) == []
+    assert t.daemon.store.restarts("tiny", time.time() - 3600) == []
     assert t.daemon.store.incidents(0.0) == []
     states = [row.state for row in t.daemon.store.probes("tiny", 0.0)]
     assert "busy" in states and not set(states) & {"wedged", "dead", "down"}

@@ -344,3 +344,29 @@ def test_open_on_a_running_watchdog_without_the_page_says_what_it_answered(
         old.server_close()
     assert done.returncode == 1 and f"the watchdog at {url} answered HTTP 404" in done.stderr
     assert not seen.exists()
+
+
+def test_the_page_says_where_progress_is_read_and_which_cure_is_under_way() -> None:
+    store = Store(None)
+    days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged", "srv-busy"])
+    doc = status_doc(NOW, ("wedged", "busy"))
+    wedged, busy = doc["servers"]  # type: ignore[misc]
+    wedged["progress_problem"] = "no log of this server is read <so> every wedge will be restarted"
+    wedged["clearing"] = {
+        "waited_s": 2.0,
+        "restart_in_s": 13.0,
+        "prefill_total": 0,
+        "cure": "cancel",
+    }
+    busy["server_prefill"] = "prefilling 2,048/12,036 prompt tokens"
+    busy["clearing"] = {
+        "waited_s": 1.0,
+        "restart_in_s": 9.0,
+        "prefill_total": 12036,
+        "cure": "wait",
+    }
+    html = render(doc, days, NOW, 10)
+    assert "Prefill progress: no log of this server is read &lt;so&gt; every wedge" in html
+    assert "Waiting 2 s after cancelling the abandoned requests instead of restarting" in html
+    assert "Its log: prefilling 2,048/12,036 prompt tokens" in html
+    assert "Waiting 1 s for an abandoned prefill to finish instead of restarting" in html

@@ -236,3 +236,12 @@ def test_llama_servers_per_slot_progress_is_read_too(tmp_path: Path) -> None:
         fh.write(LLAMA_LINES[1].replace("0.15.069", "0.75.069"))
     said = reader.read()
     assert said is not None and (said.done, said.rate_tps) == (4096, None)
+
+
+def test_the_rate_is_the_last_steps_one_as_a_long_prefill_slows(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    # 2048 tokens a second for four steps, then a step every 2 s: the context grew.
+    times = [0, 1, 2, 3, 5, 7, 9]
+    log.write_text("".join(line(T0 + t, 2048 * (i + 1), 30_000) for i, t in enumerate(times)))
+    said = LogProgress(log, wall=lambda: T0 + 9).read()
+    assert said is not None and said.rate_tps == 1024.0  # not 1,593: the whole span's

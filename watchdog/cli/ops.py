@@ -141,10 +141,14 @@ def _status_view(doc: dict[str, Any]) -> Group:
             notes.append(f"  [yellow]server log:[/] {escape(s['progress_problem'])}")
         wait = s.get("clearing")
         if isinstance(wait, dict):
+            what = (
+                "since cancelling the abandoned requests"
+                if wait.get("cure") == "cancel"
+                else "for the abandoned prefill"
+            )
             notes.append(
-                f"  [yellow]clearing:[/] waiting {wait.get('waited_s')} s for the abandoned "
-                f"prefill instead of a restart; restarting in {wait.get('restart_in_s')} s "
-                "if it has not served"
+                f"  [yellow]clearing:[/] waiting {wait.get('waited_s')} s {what} instead of a "
+                f"restart; restarting in {wait.get('restart_in_s')} s if it has not served"
             )
     w = doc["watchdog"]
     head = (

@@ -57,6 +57,7 @@ class Cycle:
         self.state_since: float | None = None
         self.judged_at: float | None = None
         self.interval = 1.0  # the last tick's: how late a connection may first be seen
+        self.started_mono: float | None = None  # the watchdog started the server itself then
         self.sight = Sight(watched_since=self.monotonic(), tick_moved=self.monotonic())
         self.refused_said = False  # the identity refusal is said once until the server serves
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
@@ -87,6 +88,12 @@ class Cycle:
                 "finished (the watchdog stopped); it counts against the budget",
             )
         self.tally = Tally.load(self.store, self.server, now)
+
+    def server_started(self) -> None:
+        """The daemon started the server itself: its first token measures what a restart
+        costs until one is measured (the wait-or-restart choice needs a true cost, not the
+        30 s default: a small model is back in seconds, a large one in minutes)."""
+        self.started_mono = self.monotonic()
 
     @property
     def restarting(self) -> bool:
@@ -127,6 +134,10 @@ class Cycle:
             log.info("%s %s", self.server.name, v.reason)
         if v.state in (State.HEALTHY, State.SLOW):
             # Recovered only on a token: "slow" also means no token yet, before wedge_after.
+            if v.evidence.tokens > 0 and self.started_mono is not None:
+                if not self.tally.served_s:
+                    self.tally.served_s.append(round(self.monotonic() - self.started_mono, 1))
+                self.started_mono = None
             if v.evidence.tokens > 0:
                 self.recovered(now, recover_s=None, how="recovered by itself")
             return

@@ -338,6 +338,9 @@ class Daemon:
             c.manager.start()
         except OSError as exc:  # its log is a FIFO, say: probing finds it down, a restart says why
             log.error("%s: cannot start the server: %s", c.server.name, exc)
+            return
+        if getattr(c.manager, "spawned", False):
+            c.server_started()
 
     def _reconfigure(self, c: Cycle, server: ServerConfig) -> None:
         """Apply a reload's settings in the server's own job. The running process is left

@@ -115,25 +115,20 @@ def choose(
 def _plan_wait(
     e: Evidence, clearing: Clearing | None, cost: RestartCost, now: float
 ) -> tuple[Clearing | None, str]:
-    """The wait worth making now (None, and why not): for the abandoned prefill the log shows,
-    within the incident's bound."""
+    """The wait worth making now (None, and why not), judged afresh each tick from what the log
+    says: its end moves with the prefill's rate, within the incident's bound."""
     began = clearing.began if clearing is not None else now
     bound = began + cost.seconds + MARGIN_S  # waiting never costs more than the restart
     if now >= bound:
         return None, f"waiting longer would cost more than the restart; {cost.describe()}"
-    # A prompt the log shows since the wait began is judged on its own; else the wait ends
-    # where it was given to.
-    new_prompt = clearing is not None and e.prefill_total not in (None, clearing.total)
-    if clearing is not None and now >= clearing.until and not new_prompt:
-        return None, f"it did not clear by its expected end and a margin; {cost.describe()}"
-    if e.prefill_total is None or e.prefill_done is None:
+    late = f"it did not clear by its expected end and a margin; {cost.describe()}"
+    if e.prefill_total is None or e.prefill_done is None or e.prefill_done >= e.prefill_total:
+        # Nothing new in the log, or the prefill is done and the server decodes for the
+        # client that left: the wait goes on to the end it was given.
         if clearing is not None:
-            return clearing, ""  # the log said nothing new: the wait goes on to its bound
-        return None, _unread(e)
-    same = clearing is not None and e.prefill_total == clearing.total
-    if e.prefill_done >= e.prefill_total:
-        if clearing is not None:  # prefilled: it decodes for the client that left, then serves
-            return clearing, ""
+            return (clearing, "") if now < clearing.until else (None, late)
+        if e.prefill_total is None or e.prefill_done is None:
+            return None, _unread(e)
         return None, (
             "the last prefill in the server's log has finished, so it is not what holds the server"
         )
@@ -143,10 +138,10 @@ def _plan_wait(
     left = e.prefill_left_s
     if left is None:  # one step logged: the next one tells its rate; do not give up before
         step = max(STALL_MIN_S, STALL_STEPS * (e.prefill_step_s or 0.0))
-        until = min(now + step, bound)
-        if same and clearing is not None:
-            until = min(clearing.until, bound)
-        return Clearing(began, until, e.prefill_total, cost, margin=0.0), ""
+        until = now + step
+        if clearing is not None and e.prefill_total == clearing.total:
+            until = clearing.until
+        return Clearing(began, min(until, bound), e.prefill_total, cost), ""
     margin = MARGIN_S + MARGIN_SHARE * left
     if left + margin >= cost.seconds:
         return None, (
@@ -155,11 +150,9 @@ def _plan_wait(
         )
     if now + left + margin > bound:
         return None, (
-            f"waiting about {left:.0f} s more for the next abandoned prefill would make the "
-            f"wait cost more than the restart it avoids; {cost.describe()}"
+            f"waiting about {left:.0f} s more would make the wait cost more than the restart "
+            f"it avoids; {cost.describe()}"
         )
-    if same and clearing is not None and clearing.margin:
-        return clearing, ""  # the same prefill, stepping on to the end it was given
     return Clearing(began, now + left + margin, e.prefill_total, cost, margin=margin), ""
 
 

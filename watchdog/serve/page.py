@@ -138,10 +138,19 @@ def _notes(s: dict[str, Any]) -> Iterable[str]:
         yield '<p class="alert">Drained: load balancers are told to send it nothing.</p>'
     c = s.get("clearing")
     if isinstance(c, dict):
-        yield (
-            f'<p class="alert">Waiting {_num(c.get("waited_s"))} s for an abandoned prefill to '
-            f"finish instead of restarting; restart in {_num(c.get('restart_in_s'))} s if not.</p>"
+        what = (
+            "after cancelling the abandoned requests"
+            if c.get("cure") == "cancel"
+            else "for an abandoned prefill to finish"
         )
+        yield (
+            f'<p class="alert">Waiting {_num(c.get("waited_s"))} s {what} instead of '
+            f"restarting; restart in {_num(c.get('restart_in_s'))} s if not.</p>"
+        )
+    if s.get("progress_problem"):
+        yield f'<p class="note">Prefill progress: {escape(_cut(str(s["progress_problem"])))}</p>'
+    elif s.get("server_prefill"):
+        yield f'<p class="note">Its log: {escape(_cut(str(s["server_prefill"])))}</p>'
 
 
 def _numbers(s: dict[str, Any], now: float) -> str:

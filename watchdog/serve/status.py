@@ -115,6 +115,7 @@ def _clearing(wait: Clearing | None, mono: float) -> dict[str, Any] | None:
         "waited_s": round(mono - wait.began, 1),
         "restart_in_s": round(max(0.0, wait.until - mono), 1),
         "prefill_total": wait.total,
+        "cure": "cancel" if wait.cancel else "wait",
     }
 
 

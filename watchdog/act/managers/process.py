@@ -36,6 +36,11 @@ class ProcessManager:
             return self._adopted
         return None
 
+    @property
+    def spawned(self) -> bool:
+        """The running server is this manager's own child (spawned, not adopted)."""
+        return self._child is not None and self._child.poll() is None
+
     def exited(self) -> str | None:
         if self._child is not None and (code := self._child.poll()) is not None:
             if code < 0:
