@@ -203,15 +203,15 @@ def serial_server(_serial_server: Running) -> Running:
 
 
 @pytest.fixture
-def patient_client(serial_server: Running) -> Iterator[Callable[[], None]]:
+def patient_client(serial_server: Running) -> Iterator[Callable[..., None]]:
     threads: list[threading.Thread] = []
     outcome: list[str] = []
 
-    def start() -> None:
+    def start(words: int = 3000) -> None:
+        """A client with a prompt of about 3 tokens a word, waiting as long as it takes."""
+        prompt = long_prompt(random.randrange(10**9), words=words)
         t = threading.Thread(
-            target=lambda: outcome.append(
-                send(serial_server.url, long_prompt(random.randrange(10**9)), timeout=300)
-            )
+            target=lambda: outcome.append(send(serial_server.url, prompt, timeout=300))
         )
         t.start()
         threads.append(t)

@@ -124,9 +124,11 @@ def test_calibrate_the_real_server(batched_server: Running, tmp_path: Path) -> N
 
 @pytest.mark.real_server
 def test_calibrate_refuses_while_a_client_is_served(
-    serial_server: Running, patient_client: Callable[[], None]
+    serial_server: Running, patient_client: Callable[..., None]
 ) -> None:
-    patient_client()
+    # About 24k tokens: still prefilling when the command has started and looked, on a fast
+    # machine too (a 9k-token one ended first here: 2,600 tok/s).
+    patient_client(words=8000)
     time.sleep(1.0)
     proc = calibrate(serial_server.url, "--sizes", "500,2k")
     assert proc.returncode == 1 and "not calibrating" in proc.stderr and "--force" in proc.stderr

@@ -64,9 +64,11 @@ def test_against_llama_server(serial_server: Running, llama_server: Running) -> 
 
 
 def test_refuses_while_either_is_busy(
-    serial_server: Running, batched_server: Running, patient_client: Callable[[], None]
+    serial_server: Running, batched_server: Running, patient_client: Callable[..., None]
 ) -> None:
-    patient_client()
+    # About 24k tokens: still prefilling when the command has started and looked, on a fast
+    # machine too (a 9k-token one ended first here: 2,600 tok/s).
+    patient_client(words=8000)
     time.sleep(1.0)
     proc = mlx_watchdog("compare", batched_server.url, serial_server.url, timeout=120)
     assert proc.returncode == 1, proc.stdout

@@ -122,8 +122,9 @@ def test_the_daemon_waits_out_an_abandoned_prefill_of_a_unit_read_from_its_journ
     pid = w.manager.pid()
     assert send(f"http://127.0.0.1:{port}", "word " * 8000, timeout=0.3) == "gave up"
     until(lambda: any(e.kind == "recovered" for e in t.daemon.store.events()), 30, "recovered")
-    kinds = [e.kind for e in t.daemon.store.events() if e.kind != "gave_up"]
-    assert kinds == ["detected", "clearing", "recovered"]
+    events = [e for e in t.daemon.store.events() if e.kind != "gave_up"]
+    said = "\n".join(f"{e.kind}: {e.message}" for e in events)
+    assert [e.kind for e in events] == ["detected", "clearing", "recovered"], said
     clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
     assert clearing.message.startswith("waiting for the abandoned prefill to finish (")
     assert t.daemon.store.restarts("unit", 0.0) == [] and w.manager.pid() == pid

@@ -58,7 +58,7 @@ def test_abandoned_requests_wedge_the_serial_server(serial_server: Running) -> N
 
 
 def test_patient_long_request_is_busy(
-    serial_server: Running, patient_client: Callable[[], None]
+    serial_server: Running, patient_client: Callable[..., None]
 ) -> None:
     patient_client()
     time.sleep(1.0)
@@ -70,7 +70,7 @@ def test_patient_long_request_is_busy(
 
 
 def test_a_second_probe_during_a_long_request_stays_busy(
-    serial_server: Running, patient_client: Callable[[], None]
+    serial_server: Running, patient_client: Callable[..., None]
 ) -> None:
     """The first probe command exits with its probe still queued; that is not abandoned work."""
     patient_client()

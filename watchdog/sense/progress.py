@@ -255,19 +255,19 @@ def bounded_run(argv: list[str], *, cap: int, timeout: float) -> tuple[int, byte
     )
     deadline = time.monotonic() + timeout
     out, err = bytearray(), bytearray()
-    streams = {proc.stdout: out, proc.stderr: err}
+    assert proc.stdout is not None and proc.stderr is not None
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     try:
         while streams:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OSError(errno.ETIMEDOUT, f"{argv[0]} took longer than {timeout:g} s")
             ready, _, _ = select.select(list(streams), [], [], left)
-            for stream in ready:
-                assert stream is not None
-                chunk = os.read(stream.fileno(), 65536)
-                got = streams[stream]
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                got = streams[fd]
                 if not chunk:
-                    del streams[stream]
+                    del streams[fd]
                 elif len(got) < (cap if got is out else 4096):
                     got += chunk
         code = proc.wait(max(0.1, deadline - time.monotonic()))
