@@ -217,3 +217,25 @@ def test_a_left_probes_record_that_is_not_one_is_read_as_empty_and_rewritten(
     assert left.load() == []
     left.add(("127.0.0.1", 50000), keep_for=60.0)
     assert left.load() == [("127.0.0.1", 50000)]
+
+
+def test_a_left_probes_record_in_a_folder_others_write_is_neither_believed_nor_written(
+    tmp_path: Path,
+) -> None:
+    import json
+    import time
+
+    from mlx_watchdog.record.left import LeftProbes
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    path = shared / "left-probes.json"
+    path.write_text(json.dumps([["127.0.0.1", 50001, time.time() + 600]]))  # hides a client
+    path.chmod(0o600)
+    left = LeftProbes(path)
+    assert left.load() == []
+    left.add(("127.0.0.1", 50002), keep_for=60.0)
+    assert "50002" not in path.read_text()
+    shared.chmod(0o700)
+    assert left.load() == [("127.0.0.1", 50001)]  # the same record, in a folder of its own

@@ -314,6 +314,11 @@ def test_commands_a_killed_watchdog_left_are_ended_and_only_those(tmp_path: Path
             {"pgid": stranger.pid, "created": 12345.0, "argv": ["b"]},  # a reused PID
             {"pgid": wrapper.pid, "created": 1.0, "argv": ["c"]},  # leader gone, member left
             {"pgid": "x"},
+            # Planted: the watchdog's own group, everyone, a flag; never signalled.
+            {"pgid": 0, "created": 1.0, "argv": ["own"]},
+            {"pgid": -1, "created": 1.0, "argv": ["all"]},
+            {"pgid": os.getpgrp(), "created": 1.0, "argv": ["mine"]},
+            {"pgid": True, "created": 1.0, "argv": ["flag"]},
         ]
         record.write_text(json.dumps(entries))
         record.chmod(0o600)
@@ -329,3 +334,30 @@ def test_commands_a_killed_watchdog_left_are_ended_and_only_those(tmp_path: Path
             proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(orphan, 9)
+
+
+def test_a_group_whose_leader_left_is_not_signalled_when_a_member_predates_the_record(
+    tmp_path: Path,
+) -> None:
+    """With the leader gone, a member started before the recorded leader cannot be of the
+    group recorded: the number now names some other group."""
+    record = tmp_path / "commands.json"
+    wrapper = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!"], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert wrapper.stdout is not None
+    member = int(wrapper.stdout.readline())
+    wrapper.stdout.close()
+    wrapper.wait()
+    try:
+        later = psutil.Process(member).create_time() + 60
+        record.write_text(json.dumps([{"pgid": wrapper.pid, "created": later, "argv": ["x"]}]))
+        record.chmod(0o600)
+        assert System(record).settle_left(grace=1.0) == []
+        assert psutil.Process(member).status() != "zombie"
+        record.write_text("[" * 100_000)  # deep nesting: read as nothing, no exception
+        record.chmod(0o600)
+        assert System(record).settle_left(grace=1.0) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, 9)

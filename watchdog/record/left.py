@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlx_watchdog.config import default_state_dir
+from mlx_watchdog.record.private import UnsafeState, check_private, read_private
 from mlx_watchdog.sense.findings import Address
 
 LEFT_PROBES_FILE = "left-probes.json"
@@ -53,25 +54,29 @@ class LeftProbes:
     def _write(self, path: Path, entries: list[tuple[str, int, float]]) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            check_private(path.parent)
             # A fresh file of our own (O_EXCL, 0600), renamed over the record: a planted
             # symlink is replaced, never written through.
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".left-probes-")
             with os.fdopen(fd, "w") as fh:
                 fh.write(json.dumps(entries))
             os.replace(tmp, path)
-        except OSError:
+        except (OSError, UnsafeState):
             pass  # losing this only makes a later check count one tiny request as abandoned
 
     def _entries(self, path: Path) -> list[tuple[str, int, float]]:
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            # Only a record in a folder of this user's that no one else writes: a forged entry
+            # would hide a live client, whose request a cancel could then end.
+            check_private(path.parent)
+            raw = json.loads(read_private(path))
             now = self.clock()
             return [
                 (str(ip), int(port), float(until))
                 for ip, port, until in raw[-1000:]
                 if float(until) > now
             ]
-        except (OSError, ValueError, TypeError, RecursionError):
+        except (OSError, UnsafeState, ValueError, TypeError, RecursionError):
             return []
 
 

@@ -22,6 +22,7 @@ from typing import IO, Protocol
 import psutil
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense.bounded import BadJson, load_json
 from mlx_watchdog.sense.evidence import ProcessTable
 
 
@@ -133,16 +134,15 @@ class System:
         from mlx_watchdog.record.private import UnsafeState, read_private
 
         try:
-            entries = json.loads(read_private(self.record))
-        except (OSError, UnsafeState, ValueError):
+            entries = load_json(read_private(self.record))
+        except (OSError, UnsafeState, BadJson):
             return []
         said = []
         for entry in entries if isinstance(entries, list) else []:
-            try:
-                pgid, created = int(entry["pgid"]), float(entry["created"])
-                argv = " ".join(str(a) for a in entry["argv"])[:200]
-            except (KeyError, TypeError, ValueError):
-                continue
+            left = _entry(entry)
+            if left is None:
+                continue  # not an entry this watchdog writes: never acted on
+            pgid, created, argv = left
             if not self._ours(pgid, created):
                 continue
             self.kill_group(pgid, signal.SIGTERM)
@@ -155,12 +155,24 @@ class System:
 
     @staticmethod
     def _ours(pgid: int, created: float) -> bool:
+        """The group is provably the one recorded: its leader is the process started then; or,
+        with the leader gone, every member is this user's and started after it (a group's
+        number is not given again while it has members, and none can predate its leader)."""
         try:
             leader = psutil.Process(pgid)
             return abs(leader.create_time() - created) < 0.01 and os.getpgid(pgid) == pgid
         except psutil.NoSuchProcess:
-            return bool(_members(pgid))
+            pass
         except (psutil.Error, OSError):
+            return False
+        members = _members(pgid)
+        try:
+            return bool(members) and all(
+                psutil.Process(m).uids().real == os.getuid()
+                and psutil.Process(m).create_time() >= created - 0.01
+                for m in members
+            )
+        except psutil.Error:
             return False
 
     def spawn(
@@ -188,6 +200,22 @@ class System:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
+
+def _entry(entry: object) -> tuple[int, float, str] | None:
+    """(process group, its leader's start time, its command) of a commands.json entry, only
+    when it is one the watchdog could have written: a group of its own making, never 0, 1, a
+    negative number (all processes) or the watchdog's own group."""
+    if not isinstance(entry, dict):
+        return None
+    pgid, created, argv = entry.get("pgid"), entry.get("created"), entry.get("argv")
+    if not isinstance(pgid, int) or isinstance(pgid, bool) or not 1 < pgid < 1 << 31:
+        return None
+    if pgid == os.getpgrp() or not isinstance(created, (int, float)) or isinstance(created, bool):
+        return None
+    if not 0 < created < 1e11 or not isinstance(argv, list):
+        return None
+    return pgid, float(created), " ".join(str(a) for a in argv)[:200]
 
 
 def _members(pgid: int) -> list[int]:
