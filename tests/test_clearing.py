@@ -240,3 +240,16 @@ def test_an_incident_without_a_prompt_and_a_wait_says_nothing_of_loops(
     from mlx_watchdog.judge.advice import Abandoned
 
     assert Abandoned.of(evidence) is None
+
+
+def test_a_token_between_the_steps_of_the_prompt_waited_for_holds_the_incident_open() -> None:
+    from mlx_watchdog.judge.clearing import holds
+
+    wait = Clearing(100.0, 120.0, 20_000, COST, margin=6.0)
+    assert holds(prefilling(18_000, 20_000), wait)  # the same prompt still steps
+    assert not holds(prefilling(20_000, 20_000), wait)  # done: the incident can close
+    assert not holds(prefilling(18_000, 20_000, prefill_age_s=30.0), wait)  # stopped stepping
+    assert not holds(prefilling(1_000, 9_000), wait)  # another prompt
+    assert not holds(prefilling(18_000, 20_000), None)  # no wait under way
+    cancel = Clearing(100.0, 115.0, 20_000, COST, cancel=True)
+    assert not holds(prefilling(18_000, 20_000), cancel)

@@ -138,8 +138,10 @@ class Cycle:
                 if not self.tally.served_s:
                     self.tally.served_s.append(round(self.monotonic() - self.started_mono, 1))
                 self.started_mono = None
-            if v.evidence.tokens > 0:
-                self.recovered(now, recover_s=None, how="recovered by itself")
+            if v.evidence.tokens > 0 and not self.least.held_down(v, now):
+                self.recovered(
+                    self.least.first_served or now, recover_s=None, how="recovered by itself"
+                )
             return
         exited = self.manager.exited() if v.state == State.DOWN else None
         self.streak, trigger = triggers.step(

@@ -24,6 +24,7 @@ class LeastCost:
         self.cycle = cycle
         self.clearing: Clearing | None = None  # a cancel or a wait under way
         self.skipped = 0  # probes skipped in a row: real traffic proved the server
+        self.first_served: float | None = None  # a token between an abandoned prompt's steps
 
     def traffic(self) -> Verdict | None:
         """A verdict without a probe, when the server's own counter shows live clients
@@ -77,8 +78,17 @@ class LeastCost:
         c.transition(Phase.FAILING, EventKind.CLEARING, said, within_s=within)
         return None
 
+    def held_down(self, v: Verdict, at: float) -> bool:
+        """A token during a wait whose prompt still steps: the incident stays open (the
+        outage ends at this first token, recorded when the prompt is done)."""
+        if not clearing.holds(v.evidence, self.clearing):
+            return False
+        self.first_served = at if self.first_served is None else self.first_served
+        return True
+
     def served(self) -> str | None:
         """The server serves again: how, if a cancel or a wait brought it back."""
+        self.first_served = None
         wait, self.clearing = self.clearing, None
         if wait is None:
             return None

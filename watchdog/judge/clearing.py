@@ -179,6 +179,15 @@ def _waiting(
     )
 
 
+def holds(e: Evidence, wait: Clearing | None) -> bool:
+    """A token came while a wait is under way, but the abandoned prompt waited for still steps
+    in the log: a batched server serves the probe between its steps. The incident stays open
+    (one incident for one prefill) until that prompt is done or stops stepping."""
+    if wait is None or wait.cancel or e.prefill_total != wait.total or e.prefill_done is None:
+        return False
+    return e.prefill_done < wait.total and _stalled(e) is None
+
+
 def _after_cancel(clearing: Clearing, now: float) -> Cure:
     waited = clearing.waited(now)
     if now < clearing.until:
