@@ -245,3 +245,20 @@ def test_the_rate_is_the_last_steps_one_as_a_long_prefill_slows(tmp_path: Path) 
     log.write_text("".join(line(T0 + t, 2048 * (i + 1), 30_000) for i, t in enumerate(times)))
     said = LogProgress(log, wall=lambda: T0 + 9).read()
     assert said is not None and said.rate_tps == 1024.0  # not 1,593: the whole span's
+
+
+def test_a_prefill_that_slows_with_its_context_is_told_its_longer_end(tmp_path: Path) -> None:
+    """Each token's time grows with its position (attention): a constant rate would say the
+    rest takes (30,000 - 10,240) / rate; the steps' slowing makes it longer, as measured."""
+    log = tmp_path / "server.log"
+    per_token = [2e-4 + 3e-8 * p for p in range(0, 10_240, 2048)]  # s/token at each step
+    at, lines = 0.0, []
+    for i, tau in enumerate(per_token):
+        at += tau * 2048
+        lines.append(line(T0 + at, 2048 * (i + 1), 30_000))
+    log.write_text("".join(lines))
+    said = LogProgress(log, wall=lambda: T0 + at).read()
+    assert said is not None and said.slowing is not None
+    assert said.slowing == pytest.approx(3e-8, rel=0.1)
+    constant = (30_000 - said.done) / (said.rate_tps or 1)
+    assert said.left_s is not None and said.left_s > constant * 1.5

@@ -74,6 +74,7 @@ class Prefill:
     rate_tps: float | None  # over this prefill's logged steps; None after one step
     age_s: float  # since its last logged step
     step_s: float | None = None  # the mean time between its logged steps; None after one
+    slowing: float | None = None  # growth of a token's time with its position (s/token/token)
 
     @property
     def finished(self) -> bool:
@@ -81,10 +82,14 @@ class Prefill:
 
     @property
     def left_s(self) -> float | None:
-        """The seconds its rate says the rest takes."""
+        """The seconds the rest takes: at its rate now, each further token slower by what its
+        steps show (a cost linear in position: the integral over what is left)."""
         if self.finished:
             return 0.0
-        return None if not self.rate_tps else (self.total - self.done) / self.rate_tps
+        if not self.rate_tps:
+            return None
+        left = self.total - self.done
+        return left / self.rate_tps + (self.slowing or 0.0) * left * left / 2
 
     def describe(self) -> str:
         if self.finished:

@@ -18,6 +18,7 @@ to read, which is said, never guessed.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import plistlib
 import re
@@ -171,6 +172,7 @@ class LogProgress:
         newest = max(steps[-1].at for steps in entries)
         going = [steps for steps in entries if _going(steps, newest)]
         steps = (going or entries)[-1]
+        slowing = _slowing(steps)
         # The rate of its last few steps: a prefill slows as its context grows (measured on
         # mlx-lm: 2,533 tok/s at 10k tokens, 1,284 at 22k), so its early steps would flatter it.
         steps = steps[-RATE_STEPS:]
@@ -183,6 +185,7 @@ class LogProgress:
             rate_tps=None if rate is None else round(rate, 1),
             age_s=round(max(0.0, self.wall() - last.at), 1),
             step_s=round(span / (len(steps) - 1), 2) if len(steps) > 1 else None,
+            slowing=slowing,
         )
 
 
@@ -323,6 +326,25 @@ def unread_cost(server: ServerConfig) -> tuple[str, str] | None:
         "wedge will be restarted, even one that would clear in seconds",
         fix,
     )
+
+
+def _slowing(steps: list[_Step]) -> float | None:
+    """How much each token's time grows with its position (seconds per token, per token), by
+    least squares over the steps' times per token; None with fewer than three steps, 0 when
+    they do not slow. Attention makes a token's cost grow with the context before it."""
+    points = []
+    for a, b in itertools.pairwise(steps):
+        if b.done > a.done and b.at > a.at:
+            points.append(((a.done + b.done) / 2, (b.at - a.at) / (b.done - a.done)))
+    if len(points) < 2:
+        return None
+    mean_p = sum(p for p, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    spread = sum((p - mean_p) ** 2 for p, _ in points)
+    if spread <= 0:
+        return None
+    slope = sum((p - mean_p) * (t - mean_t) for p, t in points) / spread
+    return max(0.0, slope)
 
 
 def _going(steps: list[_Step], newest: float) -> bool:
