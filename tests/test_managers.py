@@ -293,6 +293,19 @@ def test_a_command_that_times_out_is_ended_with_its_children(tmp_path: Path) -> 
     )
 
 
+def leader_gone() -> tuple[subprocess.Popen[bytes], int]:
+    """A process group whose leader (a wrapper) exited and left its child in the group: the
+    exited leader, and the child's PID."""
+    wrapper = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!"], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert wrapper.stdout is not None
+    child = int(wrapper.stdout.readline())
+    wrapper.stdout.close()
+    wrapper.wait()
+    return wrapper, child
+
+
 def test_commands_a_killed_watchdog_left_are_ended_and_only_those(tmp_path: Path) -> None:
     """The record names each running command's process group and its leader's start time: the
     next watchdog ends a group that is still ours (its leader, or with the leader gone, its
@@ -300,14 +313,7 @@ def test_commands_a_killed_watchdog_left_are_ended_and_only_those(tmp_path: Path
     record = tmp_path / "commands.json"
     ours = subprocess.Popen(["sleep", "300"], start_new_session=True)
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    # A wrapper that exits and leaves its child in the group.
-    wrapper = subprocess.Popen(
-        ["sh", "-c", "sleep 300 & echo $!"], start_new_session=True, stdout=subprocess.PIPE
-    )
-    assert wrapper.stdout is not None
-    orphan = int(wrapper.stdout.readline())
-    wrapper.stdout.close()
-    wrapper.wait()
+    wrapper, orphan = leader_gone()
     try:
         entries = [
             {"pgid": ours.pid, "created": psutil.Process(ours.pid).create_time(), "argv": ["a"]},
@@ -342,13 +348,7 @@ def test_a_group_whose_leader_left_is_not_signalled_when_a_member_predates_the_r
     """With the leader gone, a member started before the recorded leader cannot be of the
     group recorded: the number now names some other group."""
     record = tmp_path / "commands.json"
-    wrapper = subprocess.Popen(
-        ["sh", "-c", "sleep 300 & echo $!"], start_new_session=True, stdout=subprocess.PIPE
-    )
-    assert wrapper.stdout is not None
-    member = int(wrapper.stdout.readline())
-    wrapper.stdout.close()
-    wrapper.wait()
+    wrapper, member = leader_gone()
     try:
         later = psutil.Process(member).create_time() + 60
         record.write_text(json.dumps([{"pgid": wrapper.pid, "created": later, "argv": ["x"]}]))

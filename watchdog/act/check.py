@@ -61,6 +61,7 @@ class Checker:
         self.own = OwnConnections(server.probe.hard_timeout, clock)
         self.load = LoadReader(server, clock=clock, own=self.own)
         self.progress: LogProgress = progress_reader(server, wall=wall)
+        self.unread = progress_unread(server)  # once: finding a launchd job's log reads a file
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
@@ -105,6 +106,7 @@ class Checker:
         fresh = progress_reader(server, wall=self.progress.wall)
         if fresh.where != self.progress.where:
             self.progress = fresh
+        self.unread = progress_unread(server)
         if moved:
             self.load.forget()
 
@@ -166,7 +168,7 @@ class Checker:
             self.loading_since,
             fans_out,
             prefill,
-            self.progress.problem or progress_unread(self.server),
+            self.progress.problem or self.unread,
         )
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:

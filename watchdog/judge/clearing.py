@@ -90,9 +90,11 @@ def choose(
     if clearing is not None and clearing.cancel:
         return _after_cancel(clearing, now)
     live = e.live_connections
+    # By id, live clients are told apart by age, so their count and the oldest's age must
+    # be known; all at once, only with none.
+    by_id = cancel == "by_id" and live is not None and (live == 0 or e.oldest_live_s is not None)
     cancellable = (e.abandoned_connections or 0) >= 1 and (
-        (cancel == "by_id" and (live == 0 or (bool(live) and e.oldest_live_s is not None)))
-        or (cancel == "abort_all" and live == 0)
+        by_id or (cancel == "abort_all" and live == 0)
     )
     wait, why_not = _plan_wait(e, clearing, cost, now)
     if wait is not None and (not cancellable or wait.until - now - wait.margin <= CANCEL_S):

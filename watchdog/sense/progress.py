@@ -115,15 +115,17 @@ class LogProgress:
 
     def read(self) -> Prefill | None:
         """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
-        if self.path is None:
-            return None
         try:
-            chunk = self._new_bytes(self.path)
+            chunk = self._fetch()
         except OSError as exc:
             self.problem = f"cannot read {self.where}: {exc.strerror or exc}"
             return None
         self.problem = None
-        return self._take(chunk)
+        return None if chunk is None else self._take(chunk)
+
+    def _fetch(self) -> bytes | None:
+        """What the log gained since the last look; None: there is no log."""
+        return None if self.path is None else self._new_bytes(self.path)
 
     def _take(self, chunk: bytes) -> Prefill | None:
         steps = [step for line in chunk.split(b"\n") if (step := _step(line)) is not None]
@@ -213,16 +215,7 @@ class JournalProgress(LogProgress):
     def where(self) -> str:
         return f"the journal of {self.unit}"
 
-    def read(self) -> Prefill | None:
-        try:
-            chunk = self._journal()
-        except OSError as exc:
-            self.problem = f"cannot read {self.where}: {exc.strerror or exc}"
-            return None
-        self.problem = None
-        return self._take(chunk)
-
-    def _journal(self) -> bytes:
+    def _fetch(self) -> bytes:
         now = self.mono()
         fresh = self._looked is None or now - self._looked > JOURNAL_PAUSE or not self._cursor
         self._looked = now
