@@ -128,3 +128,25 @@ def test_the_daemon_waits_out_an_abandoned_prefill_of_a_unit_read_from_its_journ
     clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
     assert clearing.message.startswith("waiting for the abandoned prefill to finish (")
     assert t.daemon.store.restarts("unit", 0.0) == [] and w.manager.pid() == pid
+
+
+def test_a_unit_that_floods_its_journal_with_garbage_costs_a_bounded_look(
+    tmp_path: Path, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Binary noise, escape sequences and lines over journald's LineMax: each look reads at
+    most READ_MAX bytes within its time limit, and a progress line after them is still read."""
+    from mlx_watchdog.sense.progress import READ_MAX
+
+    lines = tmp_path / "lines"
+    noise = "\x1b[2J\x00\u202e" + "x" * 200_000
+    lines.write_text(noise + "\n" + noise + "\n", encoding="utf-8")
+    load_unit(tmp_path, monkeypatch, printer(lines))
+    wall = time.mktime(time.strptime("2026-12-03 19:34:50", "%Y-%m-%d %H:%M:%S"))
+    reader = JournalProgress(UNIT, wall=lambda: wall)
+    until(lambda: reader.read() is None and reader._cursor, 10, "the noise in the journal")
+    assert reader.problem is None
+    with lines.open("a") as fh:
+        fh.write(STEP.format(s=40, done=2048) + "\n" + STEP.format(s=44, done=4096) + "\n")
+    said = until(lambda: (p := reader.read()) and p.rate_tps and p, 10, "two steps after it")
+    assert said.done == 4096  # type: ignore[union-attr]
+    assert len(reader._fetch()) <= READ_MAX
