@@ -47,7 +47,10 @@ def test_a_prefill_that_ends_sooner_than_a_restart_is_waited_for() -> None:
 @pytest.mark.parametrize(
     ("evidence", "why"),
     [
-        (prefilling(2_000, 40_000), "needs about 38 s more (about 48 s as such estimates run); a restart takes"),
+        (
+            prefilling(2_000, 40_000),
+            "needs about 38 s more (about 48 s as such estimates run); a restart takes",
+        ),
         (Evidence(abandoned_connections=1), "no prefill progress is in the server's log"),
         (
             Evidence(abandoned_connections=1, progress_problem="cannot read the log: denied"),

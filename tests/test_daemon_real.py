@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -18,6 +19,7 @@ from mlx_watchdog.config import default_state_dir, effective, parse_config, to_t
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send, server_command
 from mlx_watchdog.judge.clearing import DEFAULT_RESTART_S, MARGIN_S
+from mlx_watchdog.sense.stack import Stacker
 from tests.builders import restarts_took
 from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
 
@@ -312,3 +314,60 @@ def test_a_drill_beside_the_daemon_sees_its_restart_and_asks_for_none(
     assert doc["restarted"] is False and doc["replaced_after_s"] is not None, doc
     assert doc["served_after_s"] is not None and drill.returncode == 0, drill.stderr
     assert "asking the watchdog to restart" not in drill.stderr
+
+
+def test_a_dead_generation_thread_is_named_restarted_at_once_and_reported(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    hook: tuple[list[str], Path],
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """mlx-lm 0.32.2's batched server: a request whose `stop` is a list of lists raises inside
+    its generation thread, outside any per-request handler (`_make_state_machine` hashes the
+    stop words), and the thread dies while HTTP answers: /v1/models 200, /health 503, every
+    generation 404 "generation thread died" (mlx-lm #1505's outage, on demand)."""
+    argv, hook_out = hook
+    raw = process_config(tmp_path, tiny_model, hf_cache, [], argv)
+    server = raw["server"][0]  # type: ignore[index]
+    port = int(server["url"].rsplit(":", 1)[1])
+    server["command"] = server_command(tiny_model, port, serial=False)
+    config = parse_config(raw)
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    w = t.daemon.cycles["tiny"]
+    first = w.manager.pid()
+    assert first is not None
+    alive = Stacker(every=0.0).sample(first)
+    assert alive is not None and alive.generation is not None, alive
+
+    url = config.servers[0].url
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": [["x"]]}
+    killed = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert "generation thread died" in killed.text
+    gone = Stacker(every=0.0).sample(first)
+    assert gone is not None and gone.threads and gone.generation is None, gone
+
+    until(
+        lambda: any(i.closed_at for i in t.daemon.store.incidents(0.0)),
+        120,
+        "the incident to be opened and closed",
+    )
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert incident.state == "dead" and incident.outcome == "restarted"
+    assert incident.evidence["cause"] == "generation_thread_gone"
+    assert "cause: the generation thread is gone" in incident.reason
+    assert w.manager.pid() not in (None, first)
+    events = [json.loads(line) for line in hook_out.read_text().splitlines()]
+    detected = next(e for e in events if e["kind"] == "detected")
+    assert detected["data"]["cause"] == "generation_thread_gone"
+
+    config_file = tmp_path / "watchdog.toml"
+    config_file.write_text(to_toml(effective(config)))
+    shown = mlx_watchdog("history", "--config", str(config_file), "--show", str(incident.id))
+    assert shown.returncode == 0, shown.stderr
+    report = shown.stdout.split("For a bug report upstream", 1)[1]
+    assert "github.com/ml-explore/mlx-lm/issues" in report
+    assert re.search(r"mlx_lm \d+\.\d+", report), report
+    assert "generation thread died" in report  # the log's own line, from the dump's tail
+    assert "Thread" in report and "MainThread" in report  # the stacks py-spy took

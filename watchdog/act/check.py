@@ -13,16 +13,20 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.record.left import LeftProbes
 from mlx_watchdog.sense.evidence import Inspector, ProcessTable
-from mlx_watchdog.sense.findings import LoadReport, OwnFault
+from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot
 from mlx_watchdog.sense.load import LoadReader
+from mlx_watchdog.sense.memory import MemoryWatch
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
 from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_unread
+from mlx_watchdog.sense.signs import Signs
+from mlx_watchdog.sense.stack import Stacker
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
 LOOK = 1.0
+CPU_KEPT = 30  # CPU readings over one wait kept
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class Checker:
         wall: Callable[[], float] = time.time,
         short_lived: bool = False,
         announce_probe: bool = False,
+        stacker: Stacker | None = None,
+        memory: MemoryWatch | None = None,
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
@@ -65,6 +71,10 @@ class Checker:
         self.probe: Probe | None = None
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
+        # Signs of a cause, gathered while a wedge is suspected and forgotten when it serves.
+        self.stacker = stacker or Stacker()
+        self.memory = memory or MemoryWatch()
+        self.cpu_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
 
     def look_at_load(self) -> LoadReport | None:
@@ -159,6 +169,7 @@ class Checker:
         # A reader that costs a process a look (a unit's journal) is read only while it matters.
         wanted = not snap.done or not self.progress.on_demand
         prefill = self.progress.read() if wanted else None
+        signs = self._signs(snap, pid, process.cpu_percent)
         return Observation(
             snap,
             process,
@@ -169,6 +180,30 @@ class Checker:
             fans_out,
             prefill,
             self.progress.problem or self.unread,
+            signs,
+            self.server.kind,
+        )
+
+    def _signs(self, snap: ProbeSnapshot, pid: int | None, cpu: float | None) -> Signs | None:
+        """What may name a cause: the stack (only once a wedge is suspected: it costs a
+        process), the log's known failures, CPU over the wait, the machine's memory."""
+        if snap.finding == ProbeFinding.OK or snap.tokens > 0:
+            self.progress.errors.clear()
+            self.cpu_over_wait.clear()
+            self.memory.reset()
+            self.stacker.forget()
+            return None
+        if cpu is not None and not snap.done:
+            self.cpu_over_wait = [*self.cpu_over_wait[-(CPU_KEPT - 1) :], cpu]
+        suspected = not snap.done and snap.waited(self.clock()) >= self.server.probe.wedge_after
+        if not suspected and not self.progress.errors and not snap.done:
+            return None
+        local = self.inspector.local
+        return Signs(
+            stack=self.stacker.sample(pid) if suspected and local else None,
+            errors=tuple(self.progress.errors),
+            idle_cpu=tuple(self.cpu_over_wait),
+            machine=self.memory.look() if suspected and local else None,
         )
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:

@@ -285,6 +285,10 @@ def _show(store: Store, number: int, as_json: bool) -> int:
         out.print(f"  outcome: {escape(i.outcome)}", soft_wrap=True)
     for d in dumps:
         _dump(d)
+    from mlx_watchdog.advice.report import upstream_report
+
+    out.print("\n[bold]For a bug report upstream[/bold] (paste as is):")
+    click.echo(upstream_report(i, dumps))
     return 0
 
 

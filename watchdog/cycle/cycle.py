@@ -6,6 +6,7 @@ climbs the ladder (act/ladder.py); what it means for the incident is decided her
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -22,6 +23,7 @@ from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
+from mlx_watchdog.judge.cause import NO_PROGRESS, WORDS, Cause, budget_spent, recurring
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -126,6 +128,7 @@ class Cycle:
         return self.verdict
 
     def _judged(self, v: Verdict) -> None:
+        v = self._recurring(v)
         before = self.verdict.state if self.verdict else None
         self.verdict = v
         now = self.judged_at = self.clock()
@@ -157,12 +160,44 @@ class Cycle:
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             least_cost = self.server.restart.least_cost
-            if trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
+            cause = Cause(v.evidence.cause or Cause.UNKNOWN)
+            if cause in NO_PROGRESS and trigger is Trigger.WEDGED:
+                reason = f"{reason}; restarting at once: waiting cannot cure {WORDS[cause]}"
+            elif trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
                 why = self.least.cure(v)
                 if why is None:
                     return
                 reason = f"{reason}; {why}" if why else reason
             self.restart(trigger.value, reason)
+
+    def _recurring(self, v: Verdict) -> Verdict:
+        """An abandoned prefill back again after cures: named for its cause, the clients'
+        timeouts. Counted once per incident, from the history of the budget's window."""
+        if v.state not in BAD_STATES or v.evidence.cause != Cause.ABANDONED_PREFILL:
+            return v
+        earlier = self.cured_lately() if self.incident is None else self.incident.earlier
+        cause = recurring(Cause.ABANDONED_PREFILL, earlier)
+        if cause is Cause.ABANDONED_PREFILL:
+            return v
+        because = (
+            f"{earlier} earlier wedge{'s' if earlier != 1 else ''} from abandoned requests in "
+            f"the last {self.server.restart.window:g} s, each cured; a restart treats the "
+            "symptom: the clients' timeouts must outlast their prefill"
+        )
+        old = f"; cause: {WORDS[Cause.ABANDONED_PREFILL]}"
+        reason = v.reason.replace(old, f"; cause: {WORDS[cause]} ({because})")
+        evidence = dataclasses.replace(v.evidence, cause=str(cause), cause_because=because)
+        return dataclasses.replace(v, reason=reason, evidence=evidence)
+
+    def cured_lately(self) -> int:
+        """Incidents from abandoned requests in the budget's window that ended served."""
+        since = self.clock() - self.server.restart.window
+        held = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS)
+        return sum(
+            1
+            for i in self.store.incidents(since, self.server.name)
+            if i.closed_at is not None and i.evidence.get("cause") in held
+        )
 
     def _count_gave_up(self) -> None:
         """Clients seen leaving since the last tick: history, a metric and the day's count."""
@@ -221,7 +256,12 @@ class Cycle:
             *abandoned_lately(self.store, self.server.name, now),
             Abandoned.of(v.evidence.to_json()),
         ]
-        self.incident = OpenIncident(began, v.state, loop=retry_loop([a for a in seen if a]))
+        self.incident = OpenIncident(
+            began,
+            v.state,
+            loop=retry_loop([a for a in seen if a]),
+            earlier=self.cured_lately() if v.evidence.cause else 0,
+        )
         self.tally.opened.append(now)
         self.incident.id = self.store.open_incident(
             self.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
@@ -280,7 +320,8 @@ class Cycle:
             return False
         dump = self.crew.dump(pid, self.server.log_file)  # what the restart throws away
         incident = self.incident.id if self.incident else None
-        self.store.add_dump(self.server.name, incident, dump.at, dump.to_json())
+        doc = {**dump.to_json(), "kind": self.server.kind}
+        self.store.add_dump(self.server.name, incident, dump.at, doc)
         # A person's drain stays after the restart.
         drains = self.server.restart.drain and not self.draining
         drain = Drain(self.drain, self.undrain) if drains else None
@@ -332,15 +373,16 @@ class Cycle:
         settings = self.server.restart
         allowance = budget.allowance(settings, self.tally.restarts(now, self.monotonic()), now)
         if allowance.spent and self.needs_person is None:
-            self.needs_person = (
-                f"{allowance.used} restarts in the last {settings.window:g}s did not help"
+            since = now - settings.window
+            cured = sum(
+                1 for r in self.store.restarts(self.server.name, since) if r.outcome == "recovered"
             )
+            v = self.verdict
+            cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
+            said = budget_spent(allowance.used, settings.window, cured, cause)
+            self.needs_person = said
             self.store.hold(self.server.name, now, self.needs_person)
-            self.transition(
-                Phase.HELD,
-                E.BUDGET_SPENT,
-                f"{self.needs_person}; a person is needed (still probing; a healthy probe ends the hold)",
-            )
+            self.transition(Phase.HELD, E.BUDGET_SPENT, said, cause=str(cause))
         elif not allowance.allowed and not allowance.spent:
             wait = (allowance.not_before or now) - now
             log.info(

@@ -61,6 +61,7 @@ class OpenIncident:
     loop: str | None = None  # a retry loop named when it opened
     told: bool = False  # its advice was given (when it opened)
     waited: bool = False  # for an abandoned prefill: once an incident, then restarts only
+    earlier: int = 0  # wedges from abandoned requests in the budget's window, each cured
 
     def advice(
         self, waits: Sequence[float], calibration: Callable[[], dict[str, Any] | None]

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mlx_watchdog.config import ProbeSettings
-from mlx_watchdog.judge.states import EXIT_CODES, State
+from mlx_watchdog.judge.cause import Cause, Diagnosis, Facts, diagnose
+from mlx_watchdog.judge.states import BAD_STATES, EXIT_CODES, State
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
@@ -19,6 +20,7 @@ from mlx_watchdog.sense.findings import (
     ProbeSnapshot,
     ProcessEvidence,
 )
+from mlx_watchdog.sense.signs import Signs
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Observation:
     fans_out: bool = False  # the server counts each of a request's n choices as a request
     prefill: Prefill | None = None  # the prefill the server's log tells of
     progress_problem: str | None = None  # why the server's log could not be read
+    signs: Signs | None = None  # stacks, log errors, CPU over the wait, memory: for a cause
+    kind: str = ""  # the server's kind: which stacks and answers mean what
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,39 @@ def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | No
     said = obs.prefill
     if said is not None and state in PREFILL_SHOWN and not said.finished:
         reason += f"; the server's log: {said.describe()}"
-    return Verdict(state, f"{state}: {reason}", evidence(obs, now))
+    found = cause_of(obs, state, settings, now) if state in BAD_STATES else None
+    if found is not None and found.cause is not Cause.UNKNOWN:
+        reason += f"; cause: {found.describe()}"
+    return Verdict(state, f"{state}: {reason}", evidence(obs, now, found))
+
+
+def cause_of(obs: Observation, state: State, s: ProbeSettings, now: float) -> Diagnosis:
+    """Why a failing server fails, from everything the observation holds."""
+    probe, proc, load, models = obs.probe, obs.process, obs.load, obs.models
+    health = load.health_body if load is not None else ""
+    said = obs.prefill
+    facts = Facts(
+        state=str(state),
+        kind=obs.kind,
+        answered=any(
+            x is not None
+            for x in (
+                models.status if models else None,
+                load.health_status if load else None,
+                probe.status,
+            )
+        ),
+        answer=" ".join(p for p in (probe.detail, health) if p),
+        health_unavailable=load is not None
+        and load.health_status == 503
+        and "unavailable" in health.lower(),
+        abandoned=proc.abandoned or 0,
+        leaked=leaked_requests(load, proc, fans_out=obs.fans_out),
+        progressing=said is not None and not said.finished and said.age_s < s.slow_after,
+        gone=state == State.DOWN and proc.pid is None and proc.local,
+        idle_below=s.idle_cpu_percent,
+    )
+    return diagnose(facts, obs.signs or Signs())
 
 
 PREFILL_SHOWN = (State.BUSY, State.WEDGED, State.SLOW)  # states where a prefill explains
@@ -213,6 +249,7 @@ BRIEF = (
     "cpu_percent",
     "models_status",
     "pid",
+    "cause",
 )
 
 
@@ -259,6 +296,8 @@ class Evidence:
     prefill_age_s: float | None = None
     prefill_step_s: float | None = None
     progress_problem: str | None = None
+    cause: str | None = None  # why a failing server fails (judge/cause.py); None: not failing
+    cause_because: str | None = None  # the evidence that named it
 
     def brief(self) -> dict[str, object]:
         """What an alert about this evidence carries."""
@@ -279,7 +318,7 @@ class Evidence:
         return cls(**values)
 
 
-def evidence(obs: Observation, now: float) -> Evidence:
+def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Evidence:
     probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
     return Evidence(
         ttft_s=_r(probe.ttft),
@@ -313,6 +352,8 @@ def evidence(obs: Observation, now: float) -> Evidence:
         server_progress_still_s=_r(load.stalled()) if load else None,
         health_status=load.health_status if load else None,
         **_prefill(obs.prefill, obs.progress_problem),
+        cause=str(found.cause) if found else None,
+        cause_because=found.because or None if found else None,
     )
 
 

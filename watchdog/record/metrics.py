@@ -96,6 +96,12 @@ class Metrics:
             ["server"],
             registry=self.registry,
         )
+        self.incidents = Counter(
+            "mlx_watchdog_incidents",
+            "Incidents opened, by the cause named when each opened (unknown is honest).",
+            ["server", "cause"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "mlx_watchdog_events",
             "Events the watchdog reported (detected, restarting, recovered, ...).",
@@ -116,6 +122,8 @@ class Metrics:
         self.events.labels(server, kind).inc()
         if kind == EventKind.RESTARTING:
             self.restarts.labels(server, str(data.get("trigger", "unknown"))).inc()
+        if kind == EventKind.DETECTED:
+            self.incidents.labels(server, str(data.get("cause") or "unknown")).inc()
 
     def gave_up(self, server: str, n: int) -> None:
         self.clients_gave_up.labels(server).inc(n)

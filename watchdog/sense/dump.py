@@ -9,6 +9,7 @@ restart waits that long at most. Each part that cannot be had says why instead.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -39,10 +40,12 @@ class Dump:
     log_problem: str | None = None
     sockets: tuple[str, ...] = field(default_factory=tuple)
     took_s: float = 0.0
+    versions: tuple[str, ...] = field(default_factory=tuple)  # "mlx_lm 0.32.2", beside its Python
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["sockets"] = list(self.sockets)
+        doc["versions"] = list(self.versions)
         return doc
 
 
@@ -62,7 +65,7 @@ def take(
     start = clock()
     tail, log_problem = _log_tail(log_file)
     sockets = _sockets(pid)
-    stack, stack_problem = _stack(pid, max(0.1, budget - (clock() - start)), run)
+    stack, stack_problem = stack_text(pid, max(0.1, budget - (clock() - start)), run)
     return Dump(
         at=wall(),
         pid=pid,
@@ -72,6 +75,7 @@ def take(
         log_problem=log_problem,
         sockets=sockets,
         took_s=round(clock() - start, 3),
+        versions=versions(pid),
     )
 
 
@@ -86,10 +90,17 @@ def stack_command(pid: int) -> list[str] | None:
     return None if spy is None else [spy, "dump", "--pid", str(pid)]
 
 
-def _stack(pid: int | None, timeout: float, run: Run) -> tuple[str | None, str | None]:
+def stack_text(
+    pid: int | None,
+    timeout: float,
+    run: Run,
+    *,
+    command: Callable[[int], list[str] | None] | None = None,
+) -> tuple[str | None, str | None]:
+    """The stack tool's output, or why there is none."""
     if pid is None:
         return None, "no server process to dump"
-    argv = stack_command(pid)
+    argv = (command or stack_command)(pid)
     if argv is None:
         return None, "py-spy is not installed (pip install py-spy)"
     try:
@@ -135,6 +146,40 @@ def _sockets(pid: int | None) -> tuple[str, ...]:
     if len(conns) > SOCKETS_MAX:
         lines.append(f"... and {len(conns) - SOCKETS_MAX} more")
     return tuple(lines)
+
+
+PACKAGES = ("mlx_lm", "mlx", "mlx_metal", "vllm_mlx", "mlx_vlm", "omlx")
+VERSIONS_MAX = 64  # site-packages folders looked in
+
+
+def versions(pid: int | None) -> tuple[str, ...]:
+    """The server's packages and their versions, from the dist-info folders beside its Python
+    (a venv's or a framework's site-packages): what a bug report upstream asks first. Nothing
+    is run; a server that is not Python, or not readable, gives none."""
+    if pid is None:
+        return ()
+    try:
+        proc = psutil.Process(pid)
+        argv0 = Path(proc.cwd()) / proc.cmdline()[0]  # a venv's python: a link, not followed
+        exes = (argv0, Path(proc.exe()))
+    except (psutil.Error, OSError, ValueError, IndexError):
+        return ()
+    found: dict[str, str] = {}
+    sites = itertools.chain.from_iterable(
+        e.parent.parent.glob("lib/python3*/site-packages") for e in exes
+    )
+    for site in itertools.islice(sites, 4):
+        try:
+            names = [p.name for p in itertools.islice(site.iterdir(), 20000)]
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".dist-info") or "-" not in name:
+                continue
+            package, version = name[: -len(".dist-info")].split("-", 1)
+            if package.lower() in PACKAGES:
+                found.setdefault(package.lower(), version)
+    return tuple(f"{p} {found[p]}" for p in PACKAGES if p in found)
 
 
 def _addr(a: Any) -> str:

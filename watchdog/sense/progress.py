@@ -32,6 +32,7 @@ from pathlib import Path
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.files import open_regular
 from mlx_watchdog.sense.findings import Prefill
+from mlx_watchdog.sense.signs import LogError, any_log_error, log_error
 
 READ_MAX = 1 << 20  # bytes a look reads at most
 JOURNAL_TAIL = 500  # lines of a unit's journal a first look (or one after a pause) reads
@@ -42,6 +43,7 @@ PLIST_MAX = 1 << 20  # bytes of a launchd job's plist read to find its log
 PREFILLS_KEPT = 16  # prompt sizes followed at once
 SHORT_PROMPT = 512  # tokens: prefilled in one step, so its lines tell nothing of a wedge
 RATE_STEPS = 4  # the latest steps a prefill's rate is taken over
+ERRORS_KEPT = 8  # known failure lines kept
 GONE_AFTER = 60.0  # s: a prefill with no step while the log went on this long was dropped
 LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
@@ -106,6 +108,8 @@ class LogProgress:
         self._inode: int | None = None
         # The prefills in the log's last lines, by prompt size, the one stepped last at the end.
         self._prefills: dict[object, list[_Step]] = {}
+        # Known failures the log named since the server last served (the caller clears them).
+        self.errors: list[LogError] = []
 
     on_demand = False  # True: read only while the probe waits (each look costs a process)
 
@@ -128,6 +132,11 @@ class LogProgress:
         return None if self.path is None else self._new_bytes(self.path)
 
     def _take(self, chunk: bytes) -> Prefill | None:
+        if any_log_error(chunk):
+            for line in chunk.split(b"\n"):
+                found = log_error(line.decode("utf-8", errors="replace"))
+                if found is not None:
+                    self.errors = [*self.errors[-(ERRORS_KEPT - 1) :], found]
         steps = [step for line in chunk.split(b"\n") if (step := _step(line)) is not None]
         # llama-server's times count from its start: its newest line is taken as written at
         # this look (read each tick, so at most an interval late), the others before it.

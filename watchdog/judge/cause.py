@@ -1,0 +1,211 @@
+"""Why a server stopped serving, named from the evidence that decides it. Pure: no I/O.
+
+Each cause has its own cure and its own fix upstream:
+
+- abandoned_prefill: clients left mid-request and their work holds the server (the seed's case);
+- leaked_request: the server counts requests no connection belongs to (a slot never freed);
+- generation_thread_gone: HTTP answers, nothing generates (mlx-lm #1505; mlx-lm 0.32.2 logs
+  "generation thread died" and answers 503 on /health, older releases hang with /health 200);
+- deadlock: the generation thread is there, idle, and nothing moves (mlx-lm #1834, #1493);
+- metal_error: the server's log names a Metal failure (mlx-lm #1505, #1644, #831; oMLX #2029;
+  Ollama #17902; exo #1429; mlx-lm #883, #1666);
+- memory_pressure: the machine is out of memory and swapping (mlx-lm #1252, Ollama #18131);
+- client_timeouts: the same wedge back again and again, each restart curing it: clients give up
+  before their prefill ends (a cycle's judgement, from its incidents; see `recurring`);
+- exited: the process is gone;
+- unknown: nothing decides; an honest value.
+
+A cause is named only from a strong sign (the server's own words: its log, its answer) or from
+two independent weaker ones; one weak sign alone (an idle CPU, a full machine, a stack missing
+a thread) is never enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mlx_watchdog.sense.signs import Signs
+
+
+class Cause(StrEnum):
+    ABANDONED_PREFILL = "abandoned_prefill"
+    LEAKED_REQUEST = "leaked_request"
+    THREAD_GONE = "generation_thread_gone"
+    DEADLOCK = "deadlock"
+    METAL_ERROR = "metal_error"
+    MEMORY_PRESSURE = "memory_pressure"
+    CLIENT_TIMEOUTS = "client_timeouts"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+WORDS: dict[Cause, str] = {
+    Cause.ABANDONED_PREFILL: "an abandoned request holds the server",
+    Cause.LEAKED_REQUEST: "a request with no client holds a slot",
+    Cause.THREAD_GONE: "the generation thread is gone",
+    Cause.DEADLOCK: "a deadlock",
+    Cause.METAL_ERROR: "a Metal (GPU) error",
+    Cause.MEMORY_PRESSURE: "the machine is out of memory",
+    Cause.CLIENT_TIMEOUTS: "clients time out before their prefill ends",
+    Cause.EXITED: "the server process is gone",
+    Cause.UNKNOWN: "unknown",
+}
+
+# Causes no waiting can cure: restart at once, whatever a cheaper cure would have been.
+NO_PROGRESS = frozenset({Cause.THREAD_GONE, Cause.DEADLOCK, Cause.METAL_ERROR})
+MIN_IDLE_READINGS = 3  # CPU readings over the wait, all idle, before idleness counts
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: Cause
+    because: str = ""  # the evidence that decided it, in words
+
+    def describe(self) -> str:
+        words = WORDS[self.cause]
+        return f"{words} ({self.because})" if self.because else words
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the verdict's rule saw, as the diagnosis needs it."""
+
+    state: str  # wedged | dead | down
+    kind: str  # the server's kind (mlx_lm, llama.cpp, ...)
+    answered: bool  # the server answers HTTP (/v1/models, its health route or the probe)
+    answer: str = ""  # the probe's error text, the health route's body
+    health_unavailable: bool = False  # mlx-lm's /health said 503 "unavailable"
+    abandoned: int = 0
+    leaked: int = 0
+    progressing: bool = False  # the server's log shows a prefill moving now
+    gone: bool = False  # down, and no server process is running
+    idle_below: float = 5.0  # the CPU % under which the process is idle
+
+
+THREAD_DIED = "generation thread died"  # mlx-lm 0.32.2's words, in its log and its answers
+
+
+def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
+    """The cause the evidence shows; unknown unless a strong sign or two weak ones agree."""
+    for check in (_thread_gone, _metal, _deadlock, _held, _memory):
+        found = check(facts, signs)
+        if found is not None:
+            return found
+    if facts.gone:
+        return Diagnosis(Cause.EXITED, "no server process is running")
+    return Diagnosis(Cause.UNKNOWN, _unknown_hint(facts, signs))
+
+
+def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
+    said = next((e.line for e in s.errors if e.kind == "thread_gone"), None)
+    if said is not None:
+        return Diagnosis(Cause.THREAD_GONE, f"its log: {said}")
+    if THREAD_DIED in f.answer.lower():
+        return Diagnosis(Cause.THREAD_GONE, f"it answers: {f.answer[:160]}")
+    # Weak alone: a stack without the thread (another version may name it otherwise), a 503
+    # from a health route (another server may mean something else by it).
+    weak = []
+    stack = s.stack
+    if f.kind == "mlx_lm" and stack is not None and stack.threads and stack.generation is None:
+        weak.append(f"its stack ({stack.tool}) has no generation thread")
+    if f.kind == "mlx_lm" and f.health_unavailable:
+        weak.append('/health answers 503 "unavailable"')
+    if len(weak) == 2:
+        return Diagnosis(Cause.THREAD_GONE, "; ".join(weak))
+    if weak and f.answered and f.state == "wedged" and not f.progressing:
+        return Diagnosis(Cause.THREAD_GONE, f"{weak[0]}, while HTTP still answers")
+    return None
+
+
+def _metal(f: Facts, s: Signs) -> Diagnosis | None:
+    said = next((e.line for e in s.errors if e.kind == "metal"), None)
+    return None if said is None else Diagnosis(Cause.METAL_ERROR, f"its log: {said}")
+
+
+def _deadlock(f: Facts, s: Signs) -> Diagnosis | None:
+    """The generation thread is there, the process idle over the whole wait, nothing moving,
+    and no abandoned work to explain it: three signs, the stack first."""
+    thread = s.stack.generation if s.stack is not None else None
+    idle = len(s.idle_cpu) >= MIN_IDLE_READINGS and max(s.idle_cpu) < f.idle_below
+    if thread is None or not idle or f.progressing or f.state != "wedged":
+        return None
+    at = thread.frames[0] if thread.frames else "?"
+    cpu = max(s.idle_cpu)
+    return Diagnosis(
+        Cause.DEADLOCK,
+        f"its generation thread sits in {at} while the process stays idle "
+        f"(CPU at most {cpu:.1f}% over {len(s.idle_cpu)} looks) and no progress is logged",
+    )
+
+
+def _held(f: Facts, s: Signs) -> Diagnosis | None:
+    # The verdict's reason already counts them.
+    if f.abandoned:
+        return Diagnosis(Cause.ABANDONED_PREFILL)
+    if f.leaked:
+        return Diagnosis(Cause.LEAKED_REQUEST)
+    return None
+
+
+def _memory(f: Facts, s: Signs) -> Diagnosis | None:
+    m = s.machine
+    if m is None or not (m.low and m.swapping):
+        return None
+    return Diagnosis(Cause.MEMORY_PRESSURE, m.describe())
+
+
+def _unknown_hint(f: Facts, s: Signs) -> str:
+    """What is missing to name it: the honest half of "unknown"."""
+    if f.state != "wedged":
+        return ""
+    idle = len(s.idle_cpu) >= MIN_IDLE_READINGS and max(s.idle_cpu) < f.idle_below
+    if idle and s.stack is not None and s.stack.threads is None:
+        return (
+            "the process is idle and nothing moves: a deadlock or a lost generation thread; "
+            f"no stack to tell which ({s.stack.problem})"
+        )
+    return ""
+
+
+NEXT_STEP: dict[Cause, str] = {
+    Cause.ABANDONED_PREFILL: (
+        "raise the clients' timeouts above their longest prompt's prefill "
+        "(`mlx-watchdog calibrate` measures it)"
+    ),
+    Cause.LEAKED_REQUEST: "report it upstream with `mlx-watchdog history --show` of an incident",
+    Cause.THREAD_GONE: (
+        "report it upstream (`mlx-watchdog history --show` of an incident has what a report "
+        "needs) and upgrade the server when a fix is out"
+    ),
+    Cause.DEADLOCK: "report it upstream with `mlx-watchdog history --show` of an incident",
+    Cause.METAL_ERROR: (
+        "give it less to hold: a smaller model or context, a smaller prompt cache, fewer servers"
+    ),
+    Cause.MEMORY_PRESSURE: "run fewer or smaller models at once, or give the machine more memory",
+    Cause.EXITED: "read the server's log for why it exits (`mlx-watchdog history --show`)",
+    Cause.UNKNOWN: "read `mlx-watchdog history --show` of an incident for its stack and log",
+}
+NEXT_STEP[Cause.CLIENT_TIMEOUTS] = NEXT_STEP[Cause.ABANDONED_PREFILL]
+
+
+def budget_spent(used: int, window: float, cured: int, cause: Cause) -> str:
+    """What a spent budget means, in words: restarts that each cured a wedge that came back
+    are not restarts that failed."""
+    if used and cured >= used:
+        return (
+            f"{used} wedges in the last {window:g} s, each cured by a restart; the cause is still "
+            f"there: {WORDS[cause]}; next: {NEXT_STEP[cause]}. Restarts wait until it serves "
+            "again or a person restarts it"
+        )
+    return (
+        f"{used} restarts in the last {window:g} s did not help ({WORDS[cause]}); a person is "
+        f"needed: {NEXT_STEP[cause]} (still probing; a healthy probe ends the hold)"
+    )
+
+
+def recurring(cause: Cause, earlier: int, threshold: int = 2) -> Cause:
+    """An abandoned prefill that keeps coming back after each cure: the clients' timeouts."""
+    if cause is Cause.ABANDONED_PREFILL and earlier >= threshold:
+        return Cause.CLIENT_TIMEOUTS
+    return cause

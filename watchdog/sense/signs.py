@@ -1,0 +1,121 @@
+"""Evidence beyond the probe's, gathered while a wedge is suspected: the server's stacks, the
+known failures its log names, its CPU over the wait, the machine's memory. The judge names a
+cause from them (judge/cause.py); here they are only data and the lines that are known.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from mlx_watchdog.sense.text import printable
+
+LINE_MAX = 300
+# Lines servers write when they fail, each from its report or source:
+LOG_ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # mlx-lm 0.32.2 server.py, ResponseGenerator._run_generate
+    ("thread_gone", re.compile(r"generation thread died")),
+    # mlx-lm #1505, #1644, #831: "[metal::malloc] Resource limit (499000) exceeded"
+    ("metal", re.compile(r"\[metal::\w+\]|Resource limit \(\d+\) exceeded")),
+    # oMLX #2029, Ollama #17902, exo #1429: command buffer timeouts
+    ("metal", re.compile(r"kIOGPUCommandBufferCallbackError\w*|GPU Timeout Error")),
+    # mlx-lm #883, #1666, mlx #3186: IOGPUMemory panics; llama.cpp's Metal backend
+    ("metal", re.compile(r"IOGPUMemory|ggml_metal\w*: command buffer \d+ failed")),
+)
+
+_ANY = re.compile(b"|".join(p.pattern.encode() for _, p in LOG_ERRORS))
+
+
+def any_log_error(chunk: bytes) -> bool:
+    """Whether some line of `chunk` may name a known failure (one search over all of it)."""
+    return _ANY.search(chunk) is not None
+
+
+# What mlx-lm's generation thread runs (`ResponseGenerator._run_generate` -> `_generate` in
+# 0.32.2; `_generate` as the thread's target before): a stack without it has lost the thread.
+GENERATION_FRAMES = frozenset({"_generate", "_run_generate"})
+LOW_MEMORY = 0.10  # of the machine's memory available
+SWAP_GREW = 512 << 20  # bytes of swap taken during the wait
+SWAP_FULL = 0.5  # of the swap in use
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    name: str
+    frames: tuple[str, ...]  # qualified function names, innermost first
+    idle: bool | None = None  # py-spy's "(idle)" mark
+
+    @property
+    def generates(self) -> bool:
+        named = "(_generate)" in self.name or "(_run_generate)" in self.name
+        return named or any(f.rsplit(".", 1)[-1] in GENERATION_FRAMES for f in self.frames)
+
+
+@dataclass(frozen=True)
+class StackSample:
+    """The server's Python threads at one moment, or why they could not be had."""
+
+    threads: tuple[ThreadStack, ...] | None
+    problem: str | None = None
+    tool: str = "py-spy"
+
+    @property
+    def generation(self) -> ThreadStack | None:
+        return next((t for t in self.threads or () if t.generates), None)
+
+
+@dataclass(frozen=True)
+class LogError:
+    """A line of the server's log that names a known failure, seen since its last token."""
+
+    kind: str  # thread_gone | metal
+    line: str  # printable, cut to LINE_MAX characters
+
+
+def log_error(line: str) -> LogError | None:
+    """The known failure a log line names, or None."""
+    for kind, pattern in LOG_ERRORS:
+        if pattern.search(line):
+            return LogError(kind, printable(line.strip())[:LINE_MAX])
+    return None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine's memory at a look, and how its swap moved since the wait began."""
+
+    total: int
+    available: int
+    swap_total: int
+    swap_used: int
+    swap_grew: int = 0
+
+    @property
+    def low(self) -> bool:
+        return self.total > 0 and self.available / self.total < LOW_MEMORY
+
+    @property
+    def swapping(self) -> bool:
+        full = self.swap_total > 0 and self.swap_used / self.swap_total > SWAP_FULL
+        return full or self.swap_grew >= SWAP_GREW
+
+    def describe(self) -> str:
+        text = f"{_gib(self.available)} of {_gib(self.total)} memory available"
+        text += f", swap {_gib(self.swap_used)} of {_gib(self.swap_total)} used"
+        if self.swap_grew > 0:
+            text += f" (+{_gib(self.swap_grew)} during the wait)"
+        return text
+
+
+@dataclass(frozen=True)
+class Signs:
+    """Evidence beyond the probe's: gathered while a wedge is suspected, each part bounded."""
+
+    stack: StackSample | None = None
+    errors: tuple[LogError, ...] = ()
+    idle_cpu: tuple[float, ...] = ()  # the process's CPU % at each look since the probe went
+    machine: Machine | None = None
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"

@@ -1,0 +1,97 @@
+"""The server's Python threads, sampled while a wedge is suspected: is the generation thread
+there, and where does it sit? At most one sample per EVERY seconds per server, each under
+TIMEOUT; when the tool is missing or not permitted the sample says why (never a guess).
+
+py-spy's `dump` (0.4) prints, per thread:
+
+    Thread 19710 (idle): "Thread-1 (_run_generate)"
+        Condition.wait (threading.py:331)
+        ResponseGenerator._generate (mlx_lm/server.py:811)
+
+macOS `sample` (used for a user, where py-spy needs root) shows native frames only: kept in the
+dump before a restart, but it cannot say which Python thread is which.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mlx_watchdog.sense.dump import Run, stack_command, stack_text
+from mlx_watchdog.sense.signs import StackSample, ThreadStack
+from mlx_watchdog.sense.text import printable
+
+TIMEOUT = 2.0  # s a sample may take
+EVERY = 30.0  # s between two samples of one server
+THREADS_MAX = 256
+FRAMES_MAX = 64
+THREAD = re.compile(r'^Thread (?:0x)?[0-9A-Fa-f]+ \((\w+)\): "(.*)"\s*$')
+FRAME = re.compile(r"^\s+(\S.*?) \((.*)\)\s*$")
+
+
+def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
+    """The threads of a `py-spy dump`; None when the text has none (not py-spy's)."""
+    threads: list[ThreadStack] = []
+    name: str | None = None
+    idle: bool | None = None
+    frames: list[str] = []
+
+    def close() -> None:
+        if name is not None and len(threads) < THREADS_MAX:
+            threads.append(ThreadStack(name, tuple(frames[:FRAMES_MAX]), idle))
+
+    for line in text.splitlines():
+        head = THREAD.match(line)
+        if head is not None:
+            close()
+            name, idle, frames = printable(head.group(2))[:120], head.group(1) == "idle", []
+            continue
+        frame = FRAME.match(line) if name is not None else None
+        if frame is not None:
+            frames.append(printable(frame.group(1))[:200])
+    close()
+    return tuple(threads) if threads else None
+
+
+class Stacker:
+    """Samples one server's stacks, rate-limited; `run` and `clock` are injectable."""
+
+    def __init__(
+        self,
+        *,
+        run: Run = subprocess.run,
+        clock: Callable[[], float] = time.monotonic,
+        every: float = EVERY,
+        command: Callable[[int], list[str] | None] = stack_command,
+    ) -> None:
+        self.run, self.clock, self.every, self.command = run, clock, every, command
+        self.last: StackSample | None = None
+        self._at: float | None = None
+
+    def sample(self, pid: int | None) -> StackSample | None:
+        """A fresh sample when the last is older than `every`, else the last (None: never)."""
+        now = self.clock()
+        if self._at is not None and now - self._at < self.every:
+            return self.last
+        self._at = now
+        self.last = self._take(pid)
+        return self.last
+
+    def forget(self) -> None:
+        self.last, self._at = None, None
+
+    def _take(self, pid: int | None) -> StackSample:
+        argv = self.command(pid) if pid is not None else None
+        tool = Path(argv[0]).name if argv else "py-spy"
+        text, problem = stack_text(pid, TIMEOUT, self.run, command=self.command)
+        if text is None:
+            return StackSample(None, problem, tool)
+        if tool == "sample":
+            return StackSample(None, "macOS sample shows native frames only", tool)
+        threads = parse_py_spy(text)
+        if threads is None:
+            return StackSample(None, f"{tool} printed no threads", tool)
+        return StackSample(threads, None, tool)
