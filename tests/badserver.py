@@ -571,12 +571,21 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2000.0, help="prefill tokens a second")
     parser.add_argument("--stall-at", type=float, default=0.0, help="a prefill stops there")
     parser.add_argument("--lying", action="store_true", help="a token counter that always grows")
+    parser.add_argument("--no-generation-thread", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
     server.rate, server.stall_at, server.lying = args.rate, args.stall_at, args.lying
+    # Laid out as mlx_lm.server's threads are: a generation thread beside the HTTP ones, so a
+    # stack sample (py-spy) finds one, as on the real server; `--no-generation-thread` loses it.
+    if not args.no_generation_thread:
+        threading.Thread(target=_generate, daemon=True).start()
     print("ready", flush=True)
     server.serve_forever()
+
+
+def _generate() -> None:
+    threading.Event().wait()
 
 
 if __name__ == "__main__":

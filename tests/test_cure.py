@@ -292,3 +292,24 @@ def test_the_servers_own_start_is_its_restart_cost_until_a_restart_is_measured(
     restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
     assert "restarting rather than waiting: the abandoned prefill needs about" in restarting.message
     assert "a restart takes about" in restarting.message
+
+
+def test_a_metal_error_during_the_wait_ends_it_in_a_restart_at_once(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """Waiting for a prefill is the cure only while the prefill can finish: a Metal error in
+    its log says it cannot, and the wait becomes a restart that names the line."""
+    port = free_port()
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
+    until(lambda: healthy(t), 30, "the server to serve")
+    assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.5) == "gave up"
+    until(lambda: "clearing" in kinds(t), 30, "a wait for the abandoned prefill")
+    with (tmp_path / "server.log").open("a") as fh:
+        fh.write("libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded\n")
+    until(lambda: "recovered" in kinds(t), 30, "the restart to serve")
+    assert kinds(t) == ["detected", "clearing", "restarting", "recovered"]
+    restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
+    assert "cause: a Metal (GPU) error (its log: " in restarting.message
+    assert "restarting at once: waiting cannot cure a Metal (GPU) error" in restarting.message
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert incident.outcome == "restarted"

@@ -113,7 +113,7 @@ def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
         weak.append('/health answers 503 "unavailable"')
     if len(weak) == 2:
         return Diagnosis(Cause.THREAD_GONE, "; ".join(weak))
-    if weak and f.answered and f.state == "wedged" and not f.progressing:
+    if weak and f.answered and f.state == "wedged" and not f.progressing and not f.abandoned:
         return Diagnosis(Cause.THREAD_GONE, f"{weak[0]}, while HTTP still answers")
     return None
 
@@ -127,16 +127,21 @@ def _deadlock(f: Facts, s: Signs) -> Diagnosis | None:
     """The generation thread is there, the process idle over the whole wait, nothing moving,
     and no abandoned work to explain it: three signs, the stack first."""
     thread = s.stack.generation if s.stack is not None else None
-    idle = len(s.idle_cpu) >= MIN_IDLE_READINGS and max(s.idle_cpu) < f.idle_below
-    if thread is None or not idle or f.progressing or f.state != "wedged":
+    if thread is None or not _idle(f, s) or f.progressing or f.abandoned or f.state != "wedged":
         return None
     at = thread.frames[0] if thread.frames else "?"
-    cpu = max(s.idle_cpu)
+    cpu = sum(s.idle_cpu) / len(s.idle_cpu)
     return Diagnosis(
         Cause.DEADLOCK,
         f"its generation thread sits in {at} while the process stays idle "
-        f"(CPU at most {cpu:.1f}% over {len(s.idle_cpu)} looks) and no progress is logged",
+        f"(CPU {cpu:.1f}% over the wait, {len(s.idle_cpu)} looks) and no progress is logged",
     )
+
+
+def _idle(f: Facts, s: Signs) -> bool:
+    """Idle over the wait: its mean CPU (one look's spike, a stack tool's attach, is not work)."""
+    n = len(s.idle_cpu)
+    return n >= MIN_IDLE_READINGS and sum(s.idle_cpu) / n < f.idle_below
 
 
 def _held(f: Facts, s: Signs) -> Diagnosis | None:
@@ -159,8 +164,7 @@ def _unknown_hint(f: Facts, s: Signs) -> str:
     """What is missing to name it: the honest half of "unknown"."""
     if f.state != "wedged":
         return ""
-    idle = len(s.idle_cpu) >= MIN_IDLE_READINGS and max(s.idle_cpu) < f.idle_below
-    if idle and s.stack is not None and s.stack.threads is None:
+    if _idle(f, s) and s.stack is not None and s.stack.threads is None:
         return (
             "the process is idle and nothing moves: a deadlock or a lost generation thread; "
             f"no stack to tell which ({s.stack.problem})"

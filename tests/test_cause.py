@@ -1,0 +1,288 @@
+"""A cause on every failing verdict, from the evidence that decides it; never one weak sign."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlx_watchdog.act.check import Checker
+from mlx_watchdog.judge.cause import Cause, Facts, budget_spent, diagnose, recurring
+from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.sense.memory import MemoryWatch
+from mlx_watchdog.sense.signs import LogError, Machine, Signs, StackSample, ThreadStack, log_error
+from mlx_watchdog.sense.stack import Stacker, parse_py_spy
+from tests.builders import watched
+from tests.conftest import Running
+
+GIB = 1 << 30
+SPY_ALIVE = """Process 19707: python -m mlx_lm.server --model m --port 8080
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 19707 (idle): "MainThread"
+    _PollLikeSelector.select (selectors.py:415)
+    BaseServer.serve_forever (socketserver.py:233)
+Thread 19710 (active): "Thread-1 (_run_generate)"
+    eval (mlx_lm/generate.py:401)
+    ResponseGenerator._generate (mlx_lm/server.py:811)
+    ResponseGenerator._run_generate (mlx_lm/server.py:544)
+    Thread.run (threading.py:982)
+"""
+SPY_GONE = SPY_ALIVE[: SPY_ALIVE.index("Thread 19710")]
+GEN = ThreadStack("Thread-1 (_run_generate)", ("eval", "ResponseGenerator._generate"), False)
+MAIN = ThreadStack("MainThread", ("select",), True)
+WEDGED = Facts(state="wedged", kind="mlx_lm", answered=True)
+
+
+def test_py_spy_threads_are_parsed_and_the_generation_thread_found() -> None:
+    threads = parse_py_spy(SPY_ALIVE)
+    assert threads is not None and [t.name for t in threads] == [
+        "MainThread",
+        "Thread-1 (_run_generate)",
+    ]
+    assert threads[1].frames[0] == "eval" and threads[1].idle is False
+    assert StackSample(threads).generation == threads[1]
+    gone = parse_py_spy(SPY_GONE)
+    assert gone is not None and StackSample(gone).generation is None
+    assert parse_py_spy("py-spy: Permission denied (os error 13)") is None
+    # Outside text: escapes are shown, never acted on.
+    hostile = parse_py_spy('Thread 1 (idle): "bad\x1b[2Jname"\n    f\x07 (x.py:1)\n')
+    assert (
+        hostile is not None and "\x1b" not in hostile[0].name and "\x07" not in hostile[0].frames[0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        (
+            "2026-12-05 13:59:52,614 - ERROR - mlx_lm.server generation thread died: boom",
+            "thread_gone",
+        ),
+        ("libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded.", "metal"),
+        (
+            "Error: command buffer exited with error status. kIOGPUCommandBufferCallbackErrorTimeout",
+            "metal",
+        ),
+        ("[METAL] Command buffer execution failed: GPU Timeout Error", "metal"),
+        (
+            "panic(cpu 2 caller 0xfffffe): IOGPUMemory.cpp:492 completeMemory() prepare count underflow",
+            "metal",
+        ),
+        ("ggml_metal_graph_compute: command buffer 0 failed with status 5", "metal"),
+    ],
+)
+def test_known_failure_lines_are_recognised(line: str, kind: str) -> None:
+    found = log_error(line)
+    assert found is not None and found.kind == kind
+
+
+def test_ordinary_lines_are_not_failures() -> None:
+    for line in (
+        "2026-12-05 13:59:23,275 - INFO - Prompt processing progress: 6/7",
+        '127.0.0.1 - - [05/Dec/2026 13:59:23] "POST /v1/chat/completions HTTP/1.1" 200 -',
+        "metal device: Apple M2 Max",
+    ):
+        assert log_error(line) is None
+
+
+def test_each_cause_from_what_decides_it() -> None:
+    died = LogError("thread_gone", "mlx_lm.server generation thread died: boom")
+    assert diagnose(WEDGED, Signs(errors=(died,))).cause is Cause.THREAD_GONE
+    answer = replace(WEDGED, state="dead", answer='{"error": "generation thread died"}')
+    assert diagnose(answer, Signs()).cause is Cause.THREAD_GONE
+    no_thread = Signs(stack=StackSample((MAIN,)))
+    assert diagnose(WEDGED, no_thread).cause is Cause.THREAD_GONE
+    metal = LogError("metal", "[metal::malloc] Resource limit (499000) exceeded")
+    said = diagnose(WEDGED, Signs(errors=(metal,)))
+    assert said.cause is Cause.METAL_ERROR and "Resource limit" in said.because
+    idle = Signs(stack=StackSample((MAIN, GEN)), idle_cpu=(0.5, 0.0, 1.2))
+    deadlock = diagnose(WEDGED, idle)
+    assert deadlock.cause is Cause.DEADLOCK and "eval" in deadlock.because
+    assert diagnose(replace(WEDGED, abandoned=2), Signs()).cause is Cause.ABANDONED_PREFILL
+    assert diagnose(replace(WEDGED, leaked=1), Signs()).cause is Cause.LEAKED_REQUEST
+    full = Machine(64 * GIB, 2 * GIB, 8 * GIB, 3 * GIB, swap_grew=GIB)
+    assert diagnose(WEDGED, Signs(machine=full)).cause is Cause.MEMORY_PRESSURE
+    gone = Facts(state="down", kind="mlx_lm", answered=False, gone=True)
+    assert diagnose(gone, Signs()).cause is Cause.EXITED
+    assert diagnose(WEDGED, Signs()).cause is Cause.UNKNOWN
+
+
+def test_the_servers_own_words_outrank_the_sockets() -> None:
+    """A thread that died with a client still connected is not an abandoned prefill: waiting
+    for that client's work would wait for nothing."""
+    died = LogError("thread_gone", "generation thread died: x")
+    facts = replace(WEDGED, abandoned=1)
+    assert diagnose(facts, Signs(errors=(died,))).cause is Cause.THREAD_GONE
+
+
+# Each alone is weak: another server version names its thread otherwise, an idle process may
+# be between requests, a machine may be full and serve well, a 503 may mean anything elsewhere.
+WEAK_SIGNS: dict[str, tuple[Facts, Signs]] = {
+    "a stack without the thread while a prefill moves": (
+        replace(WEDGED, progressing=True),
+        Signs(stack=StackSample((MAIN,))),
+    ),
+    "a stack without the thread, the server not answering": (
+        replace(WEDGED, answered=False),
+        Signs(stack=StackSample((MAIN,))),
+    ),
+    "an idle CPU": (WEDGED, Signs(idle_cpu=(0.0, 0.0, 0.0, 0.0))),
+    "the generation thread, idle, too few looks": (
+        WEDGED,
+        Signs(stack=StackSample((MAIN, GEN)), idle_cpu=(0.0, 0.0)),
+    ),
+    "low memory": (WEDGED, Signs(machine=Machine(64 * GIB, 2 * GIB, 8 * GIB, 0))),
+    "swap in use": (WEDGED, Signs(machine=Machine(64 * GIB, 30 * GIB, 8 * GIB, 6 * GIB))),
+    "another kind's 503": (
+        replace(WEDGED, kind="llama.cpp", health_unavailable=True, answered=False),
+        Signs(),
+    ),
+    "a stack of another kind without the thread": (
+        replace(WEDGED, kind="llama.cpp"),
+        Signs(stack=StackSample((MAIN,))),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEAK_SIGNS))
+def test_one_weak_sign_names_no_cause(name: str) -> None:
+    facts, signs = WEAK_SIGNS[name]
+    assert diagnose(facts, signs).cause is Cause.UNKNOWN
+
+
+@given(
+    cpu=st.lists(st.floats(0, 100), max_size=6),
+    available=st.integers(0, 64),
+    swap_used=st.integers(0, 8),
+    progressing=st.booleans(),
+)
+def test_no_cause_is_named_from_absent_or_machine_signs_alone(
+    cpu: list[float], available: int, swap_used: int, progressing: bool
+) -> None:
+    """Without the server's own words, a stack, sockets or a machine both full and swapping,
+    nothing is named, whatever CPU and memory say one at a time."""
+    machine = Machine(64 * GIB, available * GIB, 8 * GIB, swap_used * GIB)
+    facts = replace(WEDGED, progressing=progressing)
+    found = diagnose(facts, Signs(idle_cpu=tuple(cpu), machine=machine)).cause
+    assert found in (Cause.UNKNOWN, Cause.MEMORY_PRESSURE)
+    if found is Cause.MEMORY_PRESSURE:
+        assert machine.low and machine.swapping
+
+
+def test_a_wedge_back_after_cures_is_the_clients_timeouts() -> None:
+    assert recurring(Cause.ABANDONED_PREFILL, 1) is Cause.ABANDONED_PREFILL
+    assert recurring(Cause.ABANDONED_PREFILL, 2) is Cause.CLIENT_TIMEOUTS
+    assert recurring(Cause.DEADLOCK, 5) is Cause.DEADLOCK
+
+
+def test_a_spent_budget_says_whether_each_restart_cured_it() -> None:
+    cured = budget_spent(3, 3600, 3, Cause.CLIENT_TIMEOUTS)
+    assert cured.startswith("3 wedges in the last 3600 s, each cured by a restart")
+    assert "clients time out" in cured and "calibrate" in cured and "did not help" not in cured
+    failed = budget_spent(3, 3600, 1, Cause.UNKNOWN)
+    assert "did not help" in failed and "a person is needed" in failed
+
+
+# -- the checker against a server that hangs, each sign from a stand-in ------------------------
+
+
+def spy(tmp_path: Path, text: str) -> Callable[[int], list[str]]:
+    """A stand-in stack tool: prints `text` as py-spy would."""
+    out = tmp_path / "stack.txt"
+    out.write_text(text)
+    return lambda pid: [sys.executable, "-c", f"print(open({str(out)!r}).read())"]
+
+
+def judge_until_wedged(checker: Checker, pid: int, looks: int = 4) -> Verdict:
+    """Judge every 0.25 s until wedged `looks` times (each look is one CPU reading)."""
+    wedged: list[Verdict] = []
+    deadline = time.monotonic() + 30
+    while len(wedged) < looks and time.monotonic() < deadline:
+        v = checker.judge(pid)
+        if v is not None and v.state == "wedged":
+            wedged.append(v)
+        time.sleep(0.25)
+    assert wedged, "never judged wedged"
+    return wedged[-1]
+
+
+def no_memory() -> Machine | None:
+    return None
+
+
+def test_a_metal_error_in_the_log_names_the_cause(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    srv = bad_server("hang")
+    log = tmp_path / "server.log"
+    log.write_text("2026-12-05 10:00:00,000 - INFO - Starting httpd\n")
+    server = replace(watched(srv.url, hard_timeout=60.0), log_file=log)
+    stacker = Stacker(command=lambda pid: None)
+    checker = Checker(server, stacker=stacker, memory=MemoryWatch(no_memory))
+    checker.judge(srv.proc.pid)  # the first look reads the log to its end
+    with log.open("a") as fh:
+        fh.write("libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded\n")
+    v = judge_until_wedged(checker, srv.proc.pid, looks=1)
+    assert v.evidence.cause == "metal_error"
+    assert "cause: a Metal (GPU) error (its log: " in v.reason and "499000" in v.reason
+    checker.abort()
+
+
+def test_a_stack_without_the_generation_thread_names_it_gone(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    srv = bad_server("hang")
+    stacker = Stacker(every=0.0, command=spy(tmp_path, SPY_GONE))
+    checker = Checker(
+        watched(srv.url, hard_timeout=60.0), stacker=stacker, memory=MemoryWatch(no_memory)
+    )
+    v = judge_until_wedged(checker, srv.proc.pid, looks=1)
+    assert v.evidence.cause == "generation_thread_gone", v.reason
+    assert "no generation thread, while HTTP still answers" in (v.evidence.cause_because or "")
+    checker.abort()
+
+
+def test_an_idle_generation_thread_over_the_wait_is_a_deadlock(
+    bad_server: Callable[..., Running],
+) -> None:
+    """The real py-spy on our server, laid out as mlx_lm.server's threads: its generation
+    thread waits forever on an event, the process idle, nothing logged."""
+    srv = bad_server("hang")
+    checker = Checker(
+        watched(srv.url, hard_timeout=60.0),
+        stacker=Stacker(every=0.0),
+        memory=MemoryWatch(no_memory),
+    )
+    v = judge_until_wedged(checker, srv.proc.pid, looks=6)
+    assert v.evidence.cause == "deadlock", (v.reason, checker.cpu_over_wait)
+    assert re.search(
+        r"its generation thread sits in \S*wait while the process stays idle", v.reason
+    )
+    checker.abort()
+
+
+def test_memory_pressure_from_a_stand_in_reading(bad_server: Callable[..., Running]) -> None:
+    srv = bad_server("hang")
+    readings = iter([3 * GIB, 4 * GIB] + [5 * GIB] * 100)
+
+    def full() -> Machine:
+        return Machine(64 * GIB, GIB, 8 * GIB, next(readings))
+
+    checker = Checker(
+        watched(srv.url, hard_timeout=60.0),
+        stacker=Stacker(command=lambda pid: None),
+        memory=MemoryWatch(full),
+    )
+    v = judge_until_wedged(checker, srv.proc.pid, looks=3)
+    assert v.evidence.cause == "memory_pressure", v.reason
+    assert "1.0 GiB of 64.0 GiB memory available" in v.reason
+    assert "+2.0 GiB during the wait" in v.reason
+    checker.abort()
