@@ -150,3 +150,27 @@ def test_a_unit_that_floods_its_journal_with_garbage_costs_a_bounded_look(
     said = until(lambda: (p := reader.read()) and p.rate_tps and p, 10, "two steps after it")
     assert said.done == 4096  # type: ignore[union-attr]
     assert len(reader._fetch()) <= READ_MAX
+
+
+def test_a_journal_of_long_lines_still_yields_a_cursor(
+    tmp_path: Path, fake_services: FakeServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """500 lines of 8 kB are more than a look reads (READ_MAX), so journalctl's cursor line
+    never came: the cursor stayed unset and every look read the whole flood again. A look cut
+    short reads fewer lines next, until the cursor fits; progress after it is read."""
+    lines = tmp_path / "lines"
+    lines.write_text(("y" * 8000 + "\n") * 500)
+    load_unit(tmp_path, monkeypatch, printer(lines))
+    journal = ["journalctl", "--user", "-u", UNIT, "-o", "cat", "-n", "1000"]
+    until(
+        lambda: subprocess.run(journal, capture_output=True).stdout.count(b"\n") >= 500,
+        20,
+        "the flood in the journal",
+    )
+    wall = time.mktime(time.strptime("2026-12-03 19:34:50", "%Y-%m-%d %H:%M:%S"))
+    reader = JournalProgress(UNIT, wall=lambda: wall)
+    until(lambda: reader.read() is None and reader._cursor, 20, "a cursor past the flood")
+    with lines.open("a") as fh:
+        fh.write(STEP.format(s=40, done=2048) + "\n" + STEP.format(s=44, done=4096) + "\n")
+    said = until(lambda: (p := reader.read()) and p.rate_tps and p, 10, "two steps after it")
+    assert said.done == 4096  # type: ignore[union-attr]

@@ -219,6 +219,7 @@ class JournalProgress(LogProgress):
         self.mono = mono
         self._cursor: str | None = None
         self._looked: float | None = None
+        self._tail = JOURNAL_TAIL  # fewer after a look that READ_MAX cut before its cursor
 
     @property
     def where(self) -> str:
@@ -229,7 +230,7 @@ class JournalProgress(LogProgress):
         fresh = self._looked is None or now - self._looked > JOURNAL_PAUSE or not self._cursor
         self._looked = now
         argv = ["journalctl", "--user", "-u", self.unit, "-o", "cat", "-q", "--no-pager"]
-        argv += ["--show-cursor", "-n", str(JOURNAL_TAIL if fresh else JOURNAL_LINES)]
+        argv += ["--show-cursor", "-n", str(self._tail if fresh else JOURNAL_LINES)]
         if fresh:
             self._prefills = {}
         else:
@@ -244,7 +245,12 @@ class JournalProgress(LogProgress):
             cursor = tail.strip()
             if cursor and len(cursor) < 512:
                 self._cursor = cursor.decode(errors="replace")
+                self._tail = JOURNAL_TAIL
             return head
+        if len(out) >= READ_MAX:
+            # Cut before its cursor line (lines of kilobytes): the cursor would never move.
+            # The next look reads the tail again, a quarter as many lines, until one fits.
+            self._cursor, self._tail = None, max(1, (self._tail if fresh else JOURNAL_TAIL) // 4)
         return out
 
 
