@@ -339,7 +339,7 @@ class Daemon:
         except OSError as exc:  # its log is a FIFO, say: probing finds it down, a restart says why
             log.error("%s: cannot start the server: %s", c.server.name, exc)
             return
-        if getattr(c.manager, "spawned", False):
+        if c.manager.spawned:
             c.server_started()
 
     def _reconfigure(self, c: Cycle, server: ServerConfig) -> None:

@@ -232,6 +232,11 @@ class Manager(Protocol):
     kind: str
     server: ServerConfig  # a reload that leaves the process alone hands over the new settings
 
+    @property
+    def spawned(self) -> bool:
+        """The server running now is this manager's own child: its start, timed to the first
+        token, is what a restart costs here until one is measured."""
+
     def pid(self) -> int | None:
         """The server's PID as the manager knows it, or None."""
 
@@ -288,6 +293,8 @@ def identity_problem(server: ServerConfig, pid: int | None, table: ProcessTable)
 class External:
     """A server whose life belongs to someone else (launchd, systemd, the user's command):
     nothing to start or stop with the watchdog, and an exit is theirs to act on."""
+
+    spawned = False
 
     def exited(self) -> str | None:
         return None
