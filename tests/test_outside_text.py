@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -97,3 +98,56 @@ def test_a_probe_whose_reading_fails_ends_with_a_finding(srv: Running) -> None:
     fresh = checker.start()
     assert fresh is not probe and fresh.wait(10)
     assert fresh.snapshot().finding == ProbeFinding.OK
+
+
+HOSTILE = "a\x1b]0;title\x07b\x1b[2Jc\x00d\u202ee"
+
+
+def raw_controls(text: str) -> list[str]:
+    return [ch for ch in text if ch in "\x1b\x07\x00\u202e"]
+
+
+def test_every_string_rich_renders_shows_its_controls() -> None:
+    from rich.table import Table
+
+    from mlx_watchdog.cli.app import safe_console
+
+    console = safe_console(record=True, width=200)
+    table = Table("server", "reason")
+    table.add_row("m", HOSTILE)
+    console.print(table)
+    console.print(f"reason: {HOSTILE}")
+    shown = console.export_text()
+    assert raw_controls(shown) == [] and shown.count("\\x1b[2J") == 2
+
+
+def test_history_show_prints_a_servers_text_as_escapes(tmp_path: Path) -> None:
+    """A reason, a stack's thread name and a log's line, each with escapes a terminal acts on,
+    through `history --show` (its report upstream too): shown, never acted on."""
+    from mlx_watchdog.config import effective, parse_config, to_toml
+    from mlx_watchdog.record.rows import Row
+    from mlx_watchdog.record.store import Store
+    from tests.conftest import mlx_watchdog
+
+    state = tmp_path / "state"
+    config = parse_config(
+        {
+            "watchdog": {"state_dir": str(state)},
+            "server": [{"name": "m", "url": "http://127.0.0.1:9"}],
+        }
+    )
+    (tmp_path / "w.toml").write_text(to_toml(effective(config)))
+    state.mkdir(parents=True, exist_ok=True)
+    store = Store(state / "history.db")
+    evidence = {"cause": "metal_error", "cause_because": f"its log: {HOSTILE}"}
+    incident = store.open_incident("m", 1.0, "wedged", f"wedged: {HOSTILE}", evidence, began_at=1.0)
+    stack = f'Thread 1 (idle): "{HOSTILE}"\n    f (x.py:1)\n'
+    store.add_dump("m", incident, 2.0, {"pid": 1, "stack": stack, "log_tail": HOSTILE + "\n"})
+    store.close()
+    number = incident.id if isinstance(incident, Row) else incident
+    assert number is not None
+    shown = mlx_watchdog("history", "--config", str(tmp_path / "w.toml"), "--show", str(number))
+    assert shown.returncode == 0, shown.stderr
+    assert "For a bug report upstream" in shown.stdout
+    assert raw_controls(shown.stdout) == [], shown.stdout
+    assert shown.stdout.count("\\x1b[2J") >= 4  # the reason, the stack, the log, the report

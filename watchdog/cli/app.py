@@ -29,13 +29,33 @@ class _LazyConsole:
 
     def get(self) -> Console:
         if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=self._stderr, highlight=False)
+            self._console = safe_console(stderr=self._stderr, highlight=False)
         return self._console
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.get(), name)
+
+
+def safe_console(**options: Any) -> Console:
+    """A rich Console that shows the control characters of every string it renders (a server's
+    text in a reason, a table cell, a thread name) as escapes, never acting on the terminal:
+    every string rich prints passes `render_str`."""
+    from rich.console import Console
+
+    from mlx_watchdog.sense.text import printable
+
+    class SafeConsole(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            return super().render_str(printable(text, lines=True), **kwargs)
+
+    return SafeConsole(**options)
+
+
+def echo(text: str) -> None:
+    """click.echo of outside text (a stack, a log's lines), its control characters shown."""
+    from mlx_watchdog.sense.text import printable
+
+    click.echo(printable(text, lines=True))
 
 
 out: Any = _LazyConsole(stderr=False)

@@ -12,6 +12,7 @@ import click
 from mlx_watchdog.cli.app import (
     STATE_STYLE,
     config_option,
+    echo,
     err,
     escape,
     load_or_exit,
@@ -300,17 +301,17 @@ def _dump(d: dict[str, Any]) -> None:
     )
     stack = d.get("stack")
     out.print("[dim]stacks:[/dim]")
-    click.echo(stack.rstrip() if isinstance(stack, str) else f"  ({d.get('stack_problem')})")
+    echo(stack.rstrip() if isinstance(stack, str) else f"  ({d.get('stack_problem')})")
     tail = d.get("log_tail")
     if isinstance(tail, str):
         out.print("[dim]the server's log, its last lines:[/dim]")
-        click.echo("\n".join(tail.rstrip().splitlines()[-40:]))
+        echo("\n".join(tail.rstrip().splitlines()[-40:]))
     elif d.get("log_problem"):
         out.print(f"[dim]the server's log:[/dim] {escape(str(d['log_problem']))}")
     sockets = d.get("sockets")
     if isinstance(sockets, list) and sockets:
         out.print("[dim]its sockets:[/dim]")
-        click.echo("\n".join(f"  {s}" for s in sockets))
+        echo("\n".join(f"  {s}" for s in sockets))
 
 
 def _clock(at: float, short: bool = False) -> str:
@@ -351,7 +352,7 @@ def _action(action: str) -> click.Command:
         except ActionRefused as exc:
             raise click.ClickException(str(exc)) from None
         if action != "restart" or no_wait:
-            click.echo(message)
+            echo(message)
             return
         restart, drain = server.restart, server.restart.drain_timeout if server.restart.drain else 0
         bound = drain + restart.stop_grace + restart.command_timeout + server.probe.startup_grace
@@ -384,7 +385,7 @@ def _await_restart(cfg: Any, name: str, asked: float, bound: float) -> int:
             if outcome == "recovered":
                 click.echo(f"restarted {name}: serving again after {took:.1f} s")
                 return 0
-            click.echo(f"restart of {name} {outcome} after {took:.1f} s: {server.get('reason')}")
+            echo(f"restart of {name} {outcome} after {took:.1f} s: {server.get('reason')}")
             return UNKNOWN_EXIT if outcome == "interrupted" else 2
         time.sleep(0.5)
     err.print(f"the restart of {name} had not ended after {bound:.0f} s; see `mlx-watchdog status`")

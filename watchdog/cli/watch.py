@@ -224,10 +224,17 @@ def _wait_for_config(config_path: Path | None, notifier: Notifier) -> Config:
 def setup_logging() -> None:
     import logging
 
+    from mlx_watchdog.sense.text import printable
+
+    class OneLine(logging.Formatter):
+        """A server's text in a message (a reason, a log line) is shown, never acted on:
+        its escapes and newlines cannot forge log lines or move a terminal's cursor."""
+
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return printable(super().formatMessage(record))
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
-    )
+    handler.setFormatter(OneLine("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
     root = logging.getLogger("mlx_watchdog")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
