@@ -367,3 +367,21 @@ def test_one_span_moved_keeps_the_others_in_order(key: str, seconds: float) -> N
     for k in SPANS:  # moved only as far as the order needs
         if getattr(after, k) != getattr(before, k):
             assert k == key or getattr(after, k) in (seconds, 2 * after.max_busy)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("watchdog", "daily_summary", "²³:00"),
+        ("watchdog", "interval", "٣s"),
+        ("watchdog", "listen", "127.0.0.1:\uff18\uff10"),
+    ],
+)
+def test_digits_are_ascii_and_a_bad_one_names_its_key(section: str, key: str, value: str) -> None:
+    """str.isdigit() and \\d take "²³" and "٣" for digits; int() and float() then fail with no key
+    named, or read a value nobody wrote."""
+    doc: dict[str, object] = {"watchdog": {}, "server": [{"name": "m", "url": "http://h:1"}]}
+    doc[section][key] = value  # type: ignore[index]
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    assert key in str(info.value) and value in str(info.value)

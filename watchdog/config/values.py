@@ -20,11 +20,11 @@ DEFAULT_LISTEN = "127.0.0.1:9464"
 Convert = Callable[[object, str], Any]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", re.ASCII)
 MIN_DURATION = 0.001  # below a millisecond nothing the watchdog waits for means anything
 MAX_DURATION = 366 * 86400.0  # beyond a year, and far below what a timer can wait
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)")
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)", re.ASCII)
 _SIZE_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
 _SIZE_UNITS |= {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
@@ -67,7 +67,7 @@ def _seconds(value: object, where: str) -> float:
     if not isinstance(value, str):
         raise ValueError(f'{where} = {show(value)} has no unit; write "{value}s"')
     text = value.strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+    if re.fullmatch(r"\d+(?:\.\d+)?", text, re.ASCII):
         raise ValueError(f'{where} = {show(value)} has no unit; write "{text}s"')
     if not text or not re.fullmatch(rf"(?:{_DURATION_RE.pattern})+", text):
         raise ValueError(
@@ -178,7 +178,7 @@ def parse_listen(value: object, where: str) -> tuple[str, int | None]:
         return "127.0.0.1", None
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not host or not _digits(port) or not 0 <= int(port) < 65536:
         raise ValueError(
             f'{where} = {show(value)} must be host:port, like "{DEFAULT_LISTEN}", or "off"'
         )
@@ -243,7 +243,7 @@ def parse_domain(value: object, where: str) -> str:
     """A launchd domain: "gui/<uid>", "user/<uid>" or "system"."""
     text = parse_str(value, where)
     kind, _, uid = text.partition("/")
-    if text != "system" and not (kind in ("gui", "user") and uid.isdigit()):
+    if text != "system" and not (kind in ("gui", "user") and _digits(uid)):
         raise ValueError(
             f'{where} = {show(value)} must be a launchd domain: "gui/<uid>", "user/<uid>" '
             'or "system"'
@@ -265,6 +265,11 @@ def parse_open_routes(value: object, where: str) -> tuple[str, ...]:
     return routes
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: "²³".isdigit() is True, and int() then fails naming no key."""
+    return text.isascii() and text.isdigit()
+
+
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
@@ -275,7 +280,7 @@ def parse_when(value: object, where: str) -> str:
     text = parse_str(value, where).strip().lower()
     day, _, clock = text.rpartition(" ")
     hour, sep, minute = clock.partition(":")
-    ok = sep and hour.isdigit() and minute.isdigit() and len(minute) == 2
+    ok = sep and _digits(hour) and _digits(minute) and len(minute) == 2
     if not ok or int(hour) > 23 or int(minute) > 59 or day.strip() not in ("", *DAYS):
         raise ValueError(
             f'{where} = {show(value)} must be a local time "HH:MM", or a day and a time '
