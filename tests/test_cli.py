@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_watchdog.cli import cli
-from tests.conftest import Running, free_port
+from tests.conftest import Running, free_port, until
 
 
 def all_commands(
@@ -217,16 +217,28 @@ def test_help_and_version_still_exit_0() -> None:
 
 def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
     import signal
-    import time
 
+    from mlx_watchdog.sense.stack import Stacker
+
+    config = tmp_path / "w.toml"
+    config.write_text(f'[watchdog]\nstate_dir = "{tmp_path / "state"}"\n')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlx_watchdog", "status", "--watch"],
+        [sys.executable, "-m", "mlx_watchdog", "status", "--watch", "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "COLUMNS": "120"},
     )
-    time.sleep(5)
+
+    def refreshing() -> bool:
+        """Its stack (py-spy) is in the refresh loop's sleep: `status` the innermost Python
+        frame (a C call made from it; the fetches and the rendering have frames of their own).
+        A fixed wait here raced a slow start under load."""
+        sample = Stacker(every=0.0).sample(proc.pid)
+        main = (sample.threads or ())[:1] if sample else ()
+        return any(t.frames[:1] == ("status",) for t in main)
+
+    until(refreshing, 60, "status --watch in its refresh loop")
     assert proc.poll() is None  # it keeps refreshing until Ctrl-C
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
