@@ -286,3 +286,17 @@ def test_memory_pressure_from_a_stand_in_reading(bad_server: Callable[..., Runni
     assert "1.0 GiB of 64.0 GiB memory available" in v.reason
     assert "+2.0 GiB during the wait" in v.reason
     checker.abort()
+
+
+def test_incidents_are_counted_by_cause() -> None:
+    """A fleet counts causes: the detected event's cause is the metric's label."""
+    from mlx_watchdog.record.metrics import Metrics
+
+    metrics = Metrics(lambda: {"watchdog": {}, "servers": []})  # type: ignore[arg-type,return-value]
+    metrics.event("s", "detected", {"cause": "deadlock"})
+    metrics.event("s", "detected", {"cause": "deadlock"})
+    metrics.event("s", "detected", {})
+    metrics.event("s", "restarting", {"cause": "deadlock", "trigger": "wedged"})
+    text = metrics.exposition()[0].decode()
+    assert 'mlx_watchdog_incidents_total{cause="deadlock",server="s"} 2.0' in text
+    assert 'mlx_watchdog_incidents_total{cause="unknown",server="s"} 1.0' in text

@@ -163,6 +163,11 @@ def test_a_client_resending_the_same_prompt_is_named_a_retry_loop_in_numbers(
     assert "it will never succeed until its timeout is above 10 s" in advice
     detected = [e for e in t.daemon.store.events() if e.kind == "detected"][-1]
     assert "a client resends a ~10k-token prompt" in detected.message
+    # Each cured, and back: its cause is the clients' timeout, not the prefill.
+    causes = [i.evidence.get("cause") for i in incidents]
+    assert causes == ["abandoned_prefill", "abandoned_prefill", "client_timeouts"], causes
+    assert "cause: clients time out before their prefill ends (2 earlier wedges" in detected.message
+    assert "a restart treats the symptom" in detected.message
 
 
 # -- cancelling through the server's own route ------------------------------------------------

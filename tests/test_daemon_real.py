@@ -95,6 +95,7 @@ def test_abandoned_wedge_is_healed_once_and_reported(
     (incident,) = t.daemon.store.incidents(0.0)
     assert incident.state == "wedged" and incident.outcome == "restarted"
     assert incident.evidence["abandoned_connections"] >= 1
+    assert incident.evidence["cause"] == "abandoned_prefill"
     # The client's real timeout (2 s) is read back from its connection, to about an interval.
     match = re.match(r"1 client gave up after (\d+(?:-\d+)?) s of waiting", incident.advice or "")
     assert match, incident.advice

@@ -35,6 +35,7 @@ log = logging.getLogger("mlx_watchdog")
 
 E = EventKind
 LOUD = (E.RESTART_FAILED, E.BUDGET_SPENT, E.REFUSED)
+RESTARTS = ("restart", "planned-restart")  # a person's, the maintenance window's
 
 
 class Cycle:
@@ -157,6 +158,8 @@ class Cycle:
             self._detected(v, now - (v.evidence.waited_s or 0.0))
         else:  # more clients may have given up
             self._advise(v)
+            if v.evidence.cause not in (None, Cause.UNKNOWN):
+                self.incident.cause = str(v.evidence.cause)
         if trigger is not None:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             least_cost = self.server.restart.least_cost
@@ -193,11 +196,7 @@ class Cycle:
         """Incidents from abandoned requests in the budget's window that ended served."""
         since = self.clock() - self.server.restart.window
         held = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS)
-        return sum(
-            1
-            for i in self.store.incidents(since, self.server.name)
-            if i.closed_at is not None and i.evidence.get("cause") in held
-        )
+        return sum(1 for at, cause in self.tally.cured if at >= since and cause in held)
 
     def _count_gave_up(self) -> None:
         """Clients seen leaving since the last tick: history, a metric and the day's count."""
@@ -261,6 +260,7 @@ class Cycle:
             v.state,
             loop=retry_loop([a for a in seen if a]),
             earlier=self.cured_lately() if v.evidence.cause else 0,
+            cause=v.evidence.cause or "unknown",
         )
         self.tally.opened.append(now)
         self.incident.id = self.store.open_incident(
@@ -284,6 +284,7 @@ class Cycle:
                 self.transition(Phase.NORMAL, None, "")
             return
         outage = at - incident.began_at
+        self.tally.cured.append((at, incident.cause))
         if incident.id is not None:
             self.store.close_incident(incident.id, at, how, recover_s)
         timing = f"outage {outage:.1f} s" + (
@@ -335,6 +336,7 @@ class Cycle:
         self.store.add_action(self.incident.id if self.incident else None, action)
         if climb.served_at is not None and served_s is not None:
             self.tally.served_s.append(served_s)
+            self.tally.restarts_served.append(started)
             self.recovered(climb.served_at, recover_s=served_s, how="restarted")
             return True
         self._not_restarted(climb.result, climb.outcome)
@@ -374,9 +376,7 @@ class Cycle:
         allowance = budget.allowance(settings, self.tally.restarts(now, self.monotonic()), now)
         if allowance.spent and self.needs_person is None:
             since = now - settings.window
-            cured = sum(
-                1 for r in self.store.restarts(self.server.name, since) if r.outcome == "recovered"
-            )
+            cured = sum(1 for at in self.tally.restarts_served if at >= since)
             v = self.verdict
             cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
             said = budget_spent(allowance.used, settings.window, cured, cause)
@@ -406,9 +406,9 @@ class Cycle:
         """Queue a person's restart, drain or undrain for the next tick. A restart while one
         runs, is queued, or just brought the server back would be a second restart for one
         cause: refused (Conflict), saying what happened instead."""
-        if action == "restart":
+        if action in RESTARTS:
             queued, running, last = (
-                "restart" in self.requests,
+                any(a in RESTARTS for a in self.requests),
                 self.restarting,
                 self.tally.last_restart,
             )
@@ -428,6 +428,8 @@ class Cycle:
         log.info("%s %s asked for through the endpoint", self.server.name, action)
         if action == "restart":
             self.restart("manual", "a person asked for a restart", manual=True)
+        elif action == "planned-restart":
+            self.restart("maintenance", "the maintenance window's planned restart", manual=True)
         elif action == "drain":
             self.drain()
         elif action == "undrain":

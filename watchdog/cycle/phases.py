@@ -62,6 +62,7 @@ class OpenIncident:
     told: bool = False  # its advice was given (when it opened)
     waited: bool = False  # for an abandoned prefill: once an incident, then restarts only
     earlier: int = 0  # wedges from abandoned requests in the budget's window, each cured
+    cause: str = "unknown"  # the cause it was named for (the first named, or the last)
 
     def advice(
         self, waits: Sequence[float], calibration: Callable[[], dict[str, Any] | None]

@@ -57,6 +57,10 @@ class Tally:
     last_restart: LastRestart | None = None
     last_token_at: float | None = None
     served_s: deque[float] = field(default_factory=lambda: deque(maxlen=COSTS_KEPT))
+    # Kept in memory so that naming a cause or a spent budget never waits on the history:
+    # incidents that ended served, with their cause; restarts that brought the server back.
+    cured: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=100))
+    restarts_served: deque[float] = field(default_factory=lambda: deque(maxlen=100))
 
     @classmethod
     def load(cls, store: Store, server: ServerConfig, now: float) -> Tally:
@@ -78,6 +82,15 @@ class Tally:
             else LastRestart(last.at, last.trigger, last.outcome, last.finished_at),
             last_token_at=store.last_token_at(name),
             served_s=deque(store.restart_costs(name, COSTS_KEPT), maxlen=COSTS_KEPT),
+            cured=deque(
+                (
+                    (i.closed_at, str(i.evidence.get("cause")))
+                    for i in store.incidents(now - restart_span(server), name)
+                    if i.closed_at is not None
+                ),
+                maxlen=100,
+            ),
+            restarts_served=deque((r.at for r in restarts if r.outcome == "recovered"), maxlen=100),
         )
 
     def restart_cost(self) -> RestartCost:
