@@ -231,17 +231,21 @@ def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
     )
 
     def refreshing() -> bool:
-        """Its stack (py-spy) is in the refresh loop's sleep: `status` the innermost Python
-        frame (a C call made from it; the fetches and the rendering have frames of their own).
-        A fixed wait here raced a slow start under load."""
+        """Its stack (py-spy) is in the refresh loop's wait between two refreshes. A fixed
+        wait here raced a slow start under load."""
         sample = Stacker(every=0.0).sample(proc.pid)
         main = (sample.threads or ())[:1] if sample else ()
-        return any(t.frames[:1] == ("status",) for t in main)
+        return any("status" in t.frames and "Event.wait" in t.frames for t in main)
 
-    until(refreshing, 60, "status --watch in its refresh loop")
-    assert proc.poll() is None  # it keeps refreshing until Ctrl-C
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        until(refreshing, 60, "status --watch in its refresh loop")
+        assert proc.poll() is None  # it keeps refreshing until Ctrl-C
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
     assert proc.returncode == 3, err  # the watchdog is not running
     assert "not running" in out and "mlx-8080" in out and "Traceback" not in err
 

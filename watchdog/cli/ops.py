@@ -55,16 +55,20 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
     elif watch:
+        import signal
+        import threading
+
         from rich.live import Live
 
+        # Ctrl-C ends the loop between two refreshes: a KeyboardInterrupt raised inside rich's
+        # rendering could leave its live display half torn down (seen: no exit in 30 s).
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         with Live(_status_view(doc), console=out.get(), auto_refresh=False) as live:
-            try:
-                while True:
-                    time.sleep(2.0)
-                    doc = fetch()
-                    live.update(_status_view(doc), refresh=True)
-            except KeyboardInterrupt:
-                pass
+            while not stop.wait(2.0):
+                doc = fetch()
+                live.update(_status_view(doc), refresh=True)
     else:
         out.print(_status_view(doc))
     sys.exit(_status_exit(doc))
