@@ -215,7 +215,10 @@ def test_maintenance_calibrates_an_idle_server_and_asks_for_a_planned_restart(
     assert event.message.startswith("calibrated: a 32,768-token prompt")
     assert "a planned restart is asked" in event.message
     restart = daemon.store.restarts("bad", 0.0)[0]
-    assert restart.trigger == "manual"
+    assert restart.trigger == "maintenance"  # not "manual": nobody asked
+    said = [e.message for e in daemon.store.events() if e.kind == "restarting"]
+    assert said and "the maintenance window's planned restart" in said[0], said
+    assert not any("a person asked" in m for m in said)
     # The same day again: not twice.
     daemon.calendar.maintenance("bad")
     assert asked == ["bad"] and len(told.told) == 1

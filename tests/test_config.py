@@ -385,3 +385,14 @@ def test_digits_are_ascii_and_a_bad_one_names_its_key(section: str, key: str, va
     with pytest.raises(ConfigError) as info:
         parse_config(doc)
     assert key in str(info.value) and value in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True), ("::ffff:10.0.0.1", False)],
+)
+def test_an_ipv4_mapped_loopback_is_loopback(host: str, loopback: bool) -> None:
+    """[::ffff:127.0.0.1] was warned as reachable from other machines (ipaddress before 3.13)."""
+    cfg = parse_config({"watchdog": {"listen": f"[{host}]:9999"}})
+    reachable = [w for w in cfg.warnings if "reachable from other machines" in w]
+    assert bool(reachable) is not loopback, cfg.warnings

@@ -284,7 +284,7 @@ def test_a_body_is_read_only_for_the_token_holder_and_its_length_is_checked(
     assert chunked.startswith(b"HTTP/1.1 411 ")
     ok = _raw(endpoint.url, action + auth + b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
     assert ok.startswith(b"HTTP/1.1 202 ")
-    for method in (b"HEAD", b"OPTIONS"):
+    for method in (b"HEAD", b"OPTIONS", b"TRACE", b"CONNECT"):
         answer = _raw(endpoint.url, method + b" /status HTTP/1.1\r\nHost: w\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, POST" in answer
 

@@ -57,6 +57,22 @@ def test_a_runbook_base_with_quotes_or_backslashes_keeps_the_rules_valid(
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@needs_promtool
+def test_a_runbook_base_with_template_braces_keeps_the_rules_valid(tmp_path: Path) -> None:
+    """An annotation is a Go template: "{{" opened an action and promtool refused the file.
+    It is written as an action that prints it."""
+    text = fleet.rules("https://x/{{ a }}/b")
+    doc = yaml.safe_load(text)
+    urls = [
+        r["annotations"]["runbook_url"] for g in doc["groups"] for r in g["rules"] if "alert" in r
+    ]
+    assert urls and all(u.startswith('https://x/{{ "{{" }} a }}/b#') for u in urls)
+    path = tmp_path / "rules.yml"
+    path.write_text(text)
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_a_runbook_base_with_a_control_character_is_refused() -> None:
     run = mlx_watchdog("prometheus", "rules", "--runbook-base", "a\x1bb")
     assert run.returncode == 3 and "control character" in run.stderr

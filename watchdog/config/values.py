@@ -187,9 +187,12 @@ def parse_listen(value: object, where: str) -> tuple[str, int | None]:
 
 def is_loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return host == "localhost"
+    # ::ffff:127.0.0.1 is 127.0.0.1 (Python before 3.13 says it is not loopback)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def parse_path(value: object, where: str) -> Path:

@@ -132,7 +132,7 @@ class Calendar:
                 done.append(f"calibration failed: {type(exc).__name__}: {exc}")
         if cycle.server.maintenance_restart:
             try:
-                cycle.ask("restart", self.interval())
+                cycle.ask("planned-restart", self.interval())
                 done.append("a planned restart is asked of the server's cycle")
             except Conflict as exc:
                 done.append(f"no planned restart: {exc}")

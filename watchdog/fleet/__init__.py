@@ -25,8 +25,11 @@ def rules(runbook_base: str = RUNBOOK) -> str:
     base = runbook_base.rstrip("/")
     if _CONTROL.search(base):
         raise ValueError(f"--runbook-base {base!r} holds a control character")
-    # It lands inside YAML double quotes: escaped as YAML reads them, the file stays valid.
-    quoted = base.replace("\\", "\\\\").replace('"', '\\"')
+    # It lands in an annotation, a Go template: "{{" would open an action (promtool refuses
+    # the file), so it is written as one that prints it. Then inside YAML double quotes:
+    # escaped as YAML reads them, the file stays valid.
+    templated = base.replace("{{", '{{ "{{" }}')
+    quoted = templated.replace("\\", "\\\\").replace('"', '\\"')
     return (HERE / "rules.yml").read_text().replace("@RUNBOOK@", quoted)
 
 

@@ -149,7 +149,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
         self._error(405, "use GET or POST", allow="GET, POST")
 
-    do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+    do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = do_PUT
 
     def _authorized(self) -> bool:
         given = self.headers.get("Authorization", "")
