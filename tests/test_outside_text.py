@@ -142,7 +142,9 @@ def test_history_show_prints_a_servers_text_as_escapes(tmp_path: Path) -> None:
     evidence = {"cause": "metal_error", "cause_because": f"its log: {HOSTILE}"}
     incident = store.open_incident("m", 1.0, "wedged", f"wedged: {HOSTILE}", evidence, began_at=1.0)
     stack = f'Thread 1 (idle): "{HOSTILE}"\n    f (x.py:1)\n'
-    store.add_dump("m", incident, 2.0, {"pid": 1, "stack": stack, "log_tail": HOSTILE + "\n"})
+    dump = {"pid": 1, "stack": stack, "log_tail": HOSTILE + "\n", "kind": "mlx_lm"}
+    dump["versions"] = [f"mlx_lm 0.1{HOSTILE}"]  # a dist-info folder's name, planted
+    store.add_dump("m", incident, 2.0, dump)
     store.close()
     number = incident.id if isinstance(incident, Row) else incident
     assert number is not None

@@ -65,7 +65,8 @@ def upstream_report(incident: Incident, dumps: Sequence[Mapping[str, Any]]) -> s
     else:
         lines.append(f"(none: {printable(str(dump.get('log_problem') or 'no log named'))})")
     lines.append("```")
-    return "\n".join(lines)
+    # Versions come from folder names, the title from the config: shown, never acted on.
+    return printable("\n".join(lines), lines=True)
 
 
 def _cause(value: object) -> Cause:
