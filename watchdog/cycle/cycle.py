@@ -259,7 +259,7 @@ class Cycle:
             began,
             v.state,
             loop=retry_loop([a for a in seen if a]),
-            earlier=self.cured_lately() if v.evidence.cause else 0,
+            earlier=self.cured_lately(),
             cause=v.evidence.cause or "unknown",
         )
         self.tally.opened.append(now)

@@ -86,7 +86,7 @@ class Stacker:
     def _take(self, pid: int | None) -> StackSample:
         argv = self.command(pid) if pid is not None else None
         tool = Path(argv[0]).name if argv else "py-spy"
-        text, problem = stack_text(pid, TIMEOUT, self.run, command=self.command)
+        text, problem = stack_text(pid, TIMEOUT, self.run, command=lambda _: argv)
         if text is None:
             return StackSample(None, problem, tool)
         if tool == "sample":
