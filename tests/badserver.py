@@ -572,6 +572,9 @@ def main() -> None:
     parser.add_argument("--stall-at", type=float, default=0.0, help="a prefill stops there")
     parser.add_argument("--lying", action="store_true", help="a token counter that always grows")
     parser.add_argument("--no-generation-thread", action="store_true")
+    parser.add_argument(
+        "--busy-generation", action="store_true", help="its generation thread works (half a core)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
@@ -579,13 +582,21 @@ def main() -> None:
     # Laid out as mlx_lm.server's threads are: a generation thread beside the HTTP ones, so a
     # stack sample (py-spy) finds one, as on the real server; `--no-generation-thread` loses it.
     if not args.no_generation_thread:
-        threading.Thread(target=_generate, daemon=True).start()
+        threading.Thread(target=_generate, args=(args.busy_generation,), daemon=True).start()
     print("ready", flush=True)
     server.serve_forever()
 
 
-def _generate() -> None:
-    threading.Event().wait()
+def _generate(busy: bool) -> None:
+    """Waits forever; or, busy, works half a core (as a process paging looks to its CPU
+    reading): never idle."""
+    if not busy:
+        threading.Event().wait()
+    while True:
+        until = time.monotonic() + 0.02
+        while time.monotonic() < until:
+            pass
+        time.sleep(0.02)
 
 
 if __name__ == "__main__":

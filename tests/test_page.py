@@ -370,3 +370,19 @@ def test_the_page_says_where_progress_is_read_and_which_cure_is_under_way() -> N
     assert "Waiting 2 s after cancelling the abandoned requests instead of restarting" in html
     assert "Its log: prefilling 2,048/12,036 prompt tokens" in html
     assert "Waiting 1 s for an abandoned prefill to finish instead of restarting" in html
+
+
+def test_the_page_names_the_cause_and_the_next_step() -> None:
+    store = Store(None)
+    days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged", "srv-busy"])
+    doc = status_doc(NOW, ("wedged", "busy"))
+    wedged, busy = doc["servers"]  # type: ignore[misc]
+    wedged["cause"] = "generation_thread_gone"
+    wedged["cause_because"] = "its log: generation thread died: <b>list</b>"
+    busy["cause"] = "not-a-cause"  # a status document from another version: nothing named
+    html = render(doc, days, NOW, 10)
+    assert (
+        "Cause: the generation thread is gone (its log: generation thread died: "
+        "&lt;b&gt;list&lt;/b&gt;). Next: report it upstream" in html
+    )
+    assert html.count("Cause: ") == 1

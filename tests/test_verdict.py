@@ -282,3 +282,16 @@ def test_an_empty_models_body_is_evidence_not_a_note_on_every_healthy_line() -> 
     other = ModelsCheck(200, False, "invalid_json", "no data list", (), 0.01)
     said = judge(Observation(token(0.05), proc(), other), S, T0 + 0.1)
     assert said is not None and "but /v1/models: invalid_json" in said.reason
+
+
+def test_a_process_that_served_is_no_longer_starting_within_its_grace() -> None:
+    """A deadlock right after a restart is a wedge at wedge_after, not startup_grace later:
+    once this process gave a token, its youth no longer excuses a silence."""
+    young = proc(age=30)
+    never = Observation(waiting(), young, MODELS_OK)
+    assert judge(never, S, T0 + 61).state == "starting"
+    served = Observation(waiting(), young, MODELS_OK, served=True)
+    v = judge(served, S, T0 + 61)
+    assert v is not None and v.state == "wedged", v
+    gone = Observation(finished("refused"), proc(age=5), None, served=True)
+    assert judge(gone, S, T0 + 0.1).state == "down"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.record.left import LeftProbes
-from mlx_watchdog.sense.evidence import Inspector, ProcessTable
+from mlx_watchdog.sense.evidence import Inspector, ProcessEvidence, ProcessTable
 from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.memory import MemoryWatch
@@ -69,6 +69,7 @@ class Checker:
         self.progress: LogProgress = progress_reader(server, wall=wall)
         self.unread = progress_unread(server)  # once: finding a launchd job's log reads a file
         self.probe: Probe | None = None
+        self.served_process: tuple[int, float | None] | None = None  # the last to give a token
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
         # Signs of a cause, gathered while a wedge is suspected and forgotten when it serves.
@@ -170,6 +171,8 @@ class Checker:
         wanted = not snap.done or not self.progress.on_demand
         prefill = self.progress.read() if wanted else None
         signs = self._signs(snap, pid, process.cpu_percent)
+        if snap.finding == ProbeFinding.OK and process.pid is not None:
+            self.served_process = (process.pid, process.create_time)
         return Observation(
             snap,
             process,
@@ -182,7 +185,15 @@ class Checker:
             self.progress.problem or self.unread,
             signs,
             self.server.kind,
+            served=self._served(process),
         )
+
+    def _served(self, process: ProcessEvidence) -> bool:
+        """This very process (PID and start time) gave the watchdog a token."""
+        if self.served_process is None or process.pid != self.served_process[0]:
+            return False
+        then, now = self.served_process[1], process.create_time
+        return then is None or now is None or abs(then - now) < 1.0
 
     def _signs(self, snap: ProbeSnapshot, pid: int | None, cpu: float | None) -> Signs | None:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a

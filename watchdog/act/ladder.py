@@ -82,8 +82,13 @@ class Ladder:
         *,
         drain: Drain | None,
         begin: Callable[[], None],
+        settle: Callable[[], str] | None = None,
     ) -> Climb:
-        """Drain (when asked), `begin`, restart through the manager, wait for a token, undrain."""
+        """Drain (when asked), `begin`, restart through the manager, wait for a token, undrain.
+
+        With `settle`, the server is stopped, `settle` waits between the stop and the start (for
+        its memory to come back), then it is started; a manager that restarts only in one step
+        restarts, and the outcome says so."""
         if drain is not None:
             drain.begin()
             self._wait_drained(server, manager, checker)
@@ -91,7 +96,7 @@ class Ladder:
         begin()
         try:
             try:
-                outcome = manager.restart()
+                outcome = self._replace(manager, settle)
             except (ManagerError, OSError) as exc:
                 outcome = Outcome(False, str(exc))
             served_at = self._await_token(server, manager, checker) if outcome.ok else None
@@ -100,6 +105,17 @@ class Ladder:
                 drain.end()
         result = "recovered" if served_at else ("interrupted" if self.stopping() else "failed")
         return Climb(outcome, result, served_at)
+
+    @staticmethod
+    def _replace(manager: Manager, settle: Callable[[], str] | None) -> Outcome:
+        if settle is None:
+            return manager.restart()
+        outcome = manager.stop_then_start(settle)
+        if outcome is not None:
+            return outcome
+        outcome = manager.restart()
+        said = f"{manager.kind} restarts in one step: no wait for memory between stop and start"
+        return replace(outcome, steps=(*outcome.steps, said))
 
     def _await_token(
         self, server: ServerConfig, manager: Manager, checker: Checker

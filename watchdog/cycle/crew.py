@@ -15,6 +15,8 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.dump import Dump, take
+from mlx_watchdog.sense.memory import read_machine
+from mlx_watchdog.sense.signs import Machine
 
 
 class Conflict(Exception):
@@ -58,3 +60,7 @@ class Crew:
     dump: Callable[[int | None, Path | None], Dump] = take
     # Cancelling the requests of clients that left, where the server's kind can.
     cancel: Callable[[ServerConfig, float, float | None], Cancelled] = cancel_abandoned
+    # The machine's memory, and each local server's resident memory (name, bytes), for a
+    # restart under memory pressure.
+    machine: Callable[[], Machine | None] = read_machine
+    held: Callable[[], list[tuple[str, int]]] = list

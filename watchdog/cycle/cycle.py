@@ -30,6 +30,7 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.record.tally import Tally, abandoned_lately
+from mlx_watchdog.sense.memory import Settle, held_by
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -164,6 +165,8 @@ class Cycle:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             least_cost = self.server.restart.least_cost
             cause = Cause(v.evidence.cause or Cause.UNKNOWN)
+            if cause is Cause.MEMORY_PRESSURE and (held := self._held_by()):
+                reason = f"{reason}; {held}"
             if cause in NO_PROGRESS and trigger is Trigger.WEDGED:
                 reason = f"{reason}; restarting at once: waiting cannot cure {WORDS[cause]}"
             elif trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
@@ -327,7 +330,10 @@ class Cycle:
         drains = self.server.restart.drain and not self.draining
         drain = Drain(self.drain, self.undrain) if drains else None
         begin = functools.partial(self._begin, trigger, reason, pid)
-        climb = ladder.climb(self.server, self.manager, self.checker, drain=drain, begin=begin)
+        settle = None if manual else self._settle()
+        climb = ladder.climb(
+            self.server, self.manager, self.checker, drain=drain, begin=begin, settle=settle
+        )
         done, started = self.clock(), self._restart_began
         self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
         served_s = None if climb.served_at is None else climb.served_at - started
@@ -341,6 +347,20 @@ class Cycle:
             return True
         self._not_restarted(climb.result, climb.outcome)
         return False
+
+    def _settle(self) -> Settle | None:
+        """Under memory pressure, a restart waits between the stop and the start for the
+        memory the server held to come back."""
+        v = self.verdict
+        if v is None or v.evidence.cause != Cause.MEMORY_PRESSURE:
+            return None
+        freed = dict(self.crew.held()).get(self.server.name, 0)
+        system = self.crew.ladder.system
+        return Settle(freed, read=self.crew.machine, sleep=system.sleep, monotonic=self.monotonic)
+
+    def _held_by(self) -> str:
+        machine = self.crew.machine()
+        return held_by(self.crew.held(), machine.total) if machine else ""
 
     def _begin(self, trigger: str, reason: str, pid: int | None) -> None:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart

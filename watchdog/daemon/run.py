@@ -39,6 +39,8 @@ from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, wri
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
+from mlx_watchdog.sense.memory import MemoryWatch, read_machine, resident
+from mlx_watchdog.sense.signs import Machine
 from mlx_watchdog.sense.text import printable
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.day import Days
@@ -69,6 +71,7 @@ class Daemon:
         notifier: Notifier | None = None,
         stop_timeout: float = STOP_TIMEOUT,
         maintain: Maintain | None = None,
+        machine: Callable[[], Machine | None] = read_machine,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -104,6 +107,7 @@ class Daemon:
             stopping=self._stop.is_set,
         )
         self.crew = Crew(self.store, self.alerter, ladder, self.metrics, clock, monotonic)
+        self.crew.held, self.crew.machine = self._held, machine
         self.started_at = clock()
         self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
@@ -115,6 +119,13 @@ class Daemon:
         self.calendar = Calendar(self.store, self.alerter, cycles, interval, maintain, clock)
         for server in config.servers:
             self.cycles[server.name] = self._cycle(server)
+
+    def _held(self) -> list[tuple[str, int]]:
+        """Each local server's resident memory, for a restart under memory pressure."""
+        cycles = list(self.cycles.values())
+        return [
+            (c.server.name, resident(c.manager.pid())) for c in cycles if c.checker.inspector.local
+        ]
 
     @property
     def interval(self) -> float:
@@ -128,6 +139,7 @@ class Daemon:
             clock=self.monotonic,
             wall=self.clock,
             announce_probe=True,
+            memory=MemoryWatch(self.crew.machine),
         )
         manager = make_manager(server, self.system, self.state_dir)
         cycle = Cycle(server, manager, checker, self.crew)

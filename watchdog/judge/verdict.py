@@ -36,6 +36,7 @@ class Observation:
     progress_problem: str | None = None  # why the server's log could not be read
     signs: Signs | None = None  # stacks, log errors, CPU over the wait, memory: for a cause
     kind: str = ""  # the server's kind: which stacks and answers mean what
+    served: bool = False  # this process served a probe: it is no longer starting
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def _rule(obs: Observation, s: ProbeSettings, now: float) -> Judged:
         return State.HEALTHY, f"first token in {_s(ttft)}{note}"
     if finding in DOWN_FINDINGS:
         proc, age = obs.process, obs.process.age(now)
-        if age is not None and age < s.startup_grace and proc.pid is not None:
+        if age is not None and age < s.startup_grace and proc.pid is not None and not obs.served:
             return State.STARTING, f"PID {proc.pid} started {_s(age)} ago and is not answering yet"
         where = f"; {proc.error}" if proc.error and proc.pid is None else ""
         return State.DOWN, f"{DOWN_FINDINGS[finding]}{where}"
@@ -152,9 +153,9 @@ def _waiting(obs: Observation, s: ProbeSettings, now: float) -> Judged:
     """The probe is waiting (or waited to the hard timeout) with no token."""
     probe, proc, load = obs.probe, obs.process, obs.load
     waited, age = probe.waited(now), proc.age(now)
-    young = age is not None and age < s.startup_grace
-    # A young process may still be loading its model, unless clients already came and went
-    # or wait on it.
+    young = age is not None and age < s.startup_grace and not obs.served
+    # A young process may still be loading its model, unless it served already, or clients
+    # came and went or wait on it.
     if young and waited < s.startup_grace and not proc.abandoned and not proc.live:
         return (
             State.STARTING,

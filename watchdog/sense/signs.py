@@ -100,10 +100,10 @@ class Machine:
         return full or self.swap_grew >= SWAP_GREW
 
     def describe(self) -> str:
-        text = f"{_gib(self.available)} of {_gib(self.total)} memory available"
-        text += f", swap {_gib(self.swap_used)} of {_gib(self.swap_total)} used"
+        text = f"{gib(self.available)} of {gib(self.total)} memory available"
+        text += f", swap {gib(self.swap_used)} of {gib(self.swap_total)} used"
         if self.swap_grew > 0:
-            text += f" (+{_gib(self.swap_grew)} during the wait)"
+            text += f" (+{gib(self.swap_grew)} during the wait)"
         return text
 
 
@@ -117,5 +117,8 @@ class Signs:
     machine: Machine | None = None
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
+    """Bytes as GiB; under 1 GiB, as MiB (a small server is not "0.0 GiB")."""
+    if 0 < abs(n) < 1 << 30:
+        return f"{n / (1 << 20):.0f} MiB"
     return f"{n / (1 << 30):.1f} GiB"

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
+from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, State
 from mlx_watchdog.record.tally import DAY
 from mlx_watchdog.serve.day import HOUR, Day, lines_of
@@ -136,6 +137,14 @@ def _notes(s: dict[str, Any]) -> Iterable[str]:
         yield '<p class="alert">Restarting now.</p>'
     if s.get("draining"):
         yield '<p class="alert">Drained: load balancers are told to send it nothing.</p>'
+    cause = _cause(s.get("cause"))
+    if cause is not None and cause is not Cause.UNKNOWN:
+        because = s.get("cause_because")
+        why = f" ({_cut(str(because))})" if because else ""
+        yield (
+            f'<p class="alert">Cause: {escape(WORDS[cause])}{escape(why)}. '
+            f"Next: {escape(NEXT_STEP.get(cause, ''))}</p>"
+        )
     c = s.get("clearing")
     if isinstance(c, dict):
         what = (
@@ -151,6 +160,13 @@ def _notes(s: dict[str, Any]) -> Iterable[str]:
         yield f'<p class="note">Prefill progress: {escape(_cut(str(s["progress_problem"])))}</p>'
     elif s.get("server_prefill"):
         yield f'<p class="note">Its log: {escape(_cut(str(s["server_prefill"])))}</p>'
+
+
+def _cause(value: object) -> Cause | None:
+    try:
+        return Cause(str(value)) if value else None
+    except ValueError:
+        return None
 
 
 def _numbers(s: dict[str, Any], now: float) -> str:

@@ -71,6 +71,8 @@ def describe(
         "live_connections": e.live_connections,
         "kind": server.kind,
         "models_finding": e.models_finding,
+        "cause": e.cause,  # why it fails (judge/cause.py), while its verdict is a failing one
+        "cause_because": e.cause_because,
         "server_report": e.server_report,
         "server_prefill": e.server_prefill,  # what its log says of the prefill it does
         "progress_problem": e.progress_problem,

@@ -243,6 +243,10 @@ class Manager(Protocol):
     def restart(self) -> Outcome:
         """Replace the server process; the caller then waits for it to serve."""
 
+    def stop_then_start(self, between: Callable[[], str]) -> Outcome | None:
+        """Replace the server in two steps with `between` run after the stop (its words are a
+        step of the outcome); None when this manager can only restart in one step."""
+
     def exited(self) -> str | None:
         """How the server exited ("exited with code 1", "was killed by SIGKILL") when the
         manager owns its process and saw it end by itself; None otherwise."""
@@ -297,6 +301,9 @@ class External:
     spawned = False
 
     def exited(self) -> str | None:
+        return None
+
+    def stop_then_start(self, between: Callable[[], str]) -> Outcome | None:
         return None
 
     def start(self) -> None:

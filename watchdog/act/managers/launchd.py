@@ -11,6 +11,7 @@ is said.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,3 +162,26 @@ class LaunchdManager(External):
         return Outcome(
             False, f"{why}; bootout + bootstrap did not start the job either", tuple(steps)
         )
+
+    def stop_then_start(self, between: Callable[[], str]) -> Outcome | None:
+        """bootout (launchd's own stop: SIGTERM, ExitTimeOut, then SIGKILL), `between`, then
+        bootstrap and kickstart; None without the plist to load again."""
+        if not self.plist.exists():
+            return None
+        before = self.pid()
+        gone, said = bootout(self.system, self.target)
+        steps = [said]
+        if not gone:
+            return Outcome(False, f"the old job would not go: {said}", tuple(steps))
+        steps.append(between())
+        code, said = bootstrap(self.system, self.domain, self.plist)
+        steps.append(said)
+        if code != 0:
+            return Outcome(False, said, tuple(steps))
+        code, _ = self.system.run(["launchctl", "kickstart", self.target], timeout=30)
+        steps.append(f"launchctl kickstart {self.target}: exit {code}")
+        if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
+            return Outcome(
+                True, f"bootout + bootstrap replaced PID {before} with {self.pid()}", tuple(steps)
+            )
+        return Outcome(False, "bootout + bootstrap did not start the job", tuple(steps))

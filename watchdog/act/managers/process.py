@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -70,21 +71,36 @@ class ProcessManager:
         self._write_record(self._child.pid)
 
     def stop(self) -> None:
+        self._stop()
+
+    def _stop(self) -> str:
+        """SIGTERM to the group, SIGKILL after stop_grace; the step as the outcome says it."""
         pid = self.pid()
         if pid is None:
             self._reap()
-            return
+            return "no process to stop"
         grace = self.server.restart.stop_grace
         self.system.kill_group(pid, signal.SIGTERM)
+        said = f"stopped PID {pid}"
         if not wait_for(lambda: not self._running(pid), grace, self.system):
             self.system.kill_group(pid, signal.SIGKILL)
             wait_for(lambda: not self._running(pid), 10.0, self.system)
+            said = f"killed PID {pid}: it did not stop within stop_grace ({grace:g}s)"
         self._reap()
         self.record.unlink(missing_ok=True)
+        return said
 
     def restart(self) -> Outcome:
+        return self._replace(None)
+
+    def stop_then_start(self, between: Callable[[], str]) -> Outcome:
+        return self._replace(between)
+
+    def _replace(self, between: Callable[[], str] | None) -> Outcome:
         before = self.pid()
-        self.stop()
+        steps = [self._stop()]
+        if between is not None:
+            steps.append(between())
         try:
             self.start()
         except OSError as exc:
@@ -92,13 +108,10 @@ class ProcessManager:
                 False,
                 f"cannot start {self.server.command[0]}: {exc.strerror or exc}"
                 + (f" ({exc.filename})" if exc.filename else ""),
-                (f"stopped PID {before}",),
+                tuple(steps),
             )
-        steps = (
-            f"stopped PID {before}" if before else "no process to stop",
-            f"started PID {self.pid()}",
-        )
-        return Outcome(True, f"replaced PID {before} with {self.pid()}", steps)
+        steps.append(f"started PID {self.pid()}")
+        return Outcome(True, f"replaced PID {before} with {self.pid()}", tuple(steps))
 
     # -- helpers ----------------------------------------------------------------------------
 

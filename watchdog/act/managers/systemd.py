@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlx_watchdog.act.managers import External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
@@ -36,4 +38,23 @@ class SystemdManager(External):
             return Outcome(True, f"replaced PID {before} with {self.pid()}", steps)
         return Outcome(
             False, f"systemctl restart succeeded but PID {before} was not replaced", steps
+        )
+
+    def stop_then_start(self, between: Callable[[], str]) -> Outcome:
+        """`systemctl --user stop` (it waits for the stop: SIGTERM, TimeoutStopSec, SIGKILL),
+        `between`, then `start`."""
+        before = self.pid()
+        steps: list[str] = []
+        for verb in ("stop", "start"):
+            argv = ["systemctl", "--user", verb, self.unit]
+            code, out = self.system.run(argv, timeout=120)
+            steps.append(f"{' '.join(argv)}: exit {code}")
+            if code != 0:
+                return Outcome(False, f"systemctl {verb} failed: {out}", tuple(steps))
+            if verb == "stop":
+                steps.append(between())
+        if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
+            return Outcome(True, f"replaced PID {before} with {self.pid()}", tuple(steps))
+        return Outcome(
+            False, f"systemctl start succeeded but no new PID replaced {before}", tuple(steps)
         )
