@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import socket
 import ssl
 import subprocess
 import threading
@@ -209,3 +211,68 @@ def test_fleet_reads_https_with_the_path_the_token_and_verified_certificates(
     # A --cacert that holds no certificate is the caller's mistake: exit 3, named.
     run = mlx_watchdog("fleet", url, "--cacert", str(token))
     assert run.returncode == 3 and "Invalid value for --cacert" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "clear"),
+    [
+        ("http://127.0.0.1:9464", False),
+        ("http://127.8.0.1:9464", False),
+        ("http://[::1]:9464", False),
+        ("http://localhost:9464", False),
+        ("https://mac-1.lan:9464", False),
+        ("http://mac-1.lan:9464", True),
+        ("http://192.0.2.7:9464", True),
+        ("http://[::ffff:127.0.0.1]:9464", False),
+    ],
+)
+def test_a_token_crosses_the_network_only_encrypted(url: str, clear: bool) -> None:
+    from mlx_watchdog.fleet.peers import in_clear
+
+    assert in_clear(url) is clear
+
+
+def _lan_address() -> str | None:
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return str(a.address)
+    return None
+
+
+def test_the_token_is_not_sent_to_a_plain_http_peer_beyond_loopback(tmp_path: Path) -> None:
+    address = _lan_address()
+    if address is None:
+        pytest.skip("this machine has no address beyond loopback")
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((address, 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        token = tmp_path / "token"
+        token.write_text("s3cret\n")
+        url = f"http://{address}:{server.server_address[1]}"
+        run = mlx_watchdog("fleet", url, "--json", "--token-file", str(token))
+        assert run.returncode == 3 and seen == [None], (seen, run.stdout)
+        assert "--token-in-clear" in json.loads(run.stdout)["rows"][0]["why"]
+        run = mlx_watchdog("fleet", url, "--json", "--token-file", str(token), "--token-in-clear")
+        assert seen[-1] == "Bearer s3cret"
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        run = mlx_watchdog("fleet", url, "--token-file", str(fifo), timeout=20)
+        assert run.returncode == 3 and "not a regular file" in run.stderr, run.stderr
+    finally:
+        server.shutdown()
+        server.server_close()

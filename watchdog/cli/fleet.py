@@ -54,8 +54,17 @@ def prometheus_dashboard() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="CA certificates (PEM) for https endpoints signed by your own CA.",
 )
+@click.option(
+    "--token-in-clear",
+    is_flag=True,
+    help="Send the token to plain-http endpoints beyond loopback too (readable on the way).",
+)
 def fleet(
-    urls: tuple[str, ...], as_json: bool, token_file: Path | None, cacert: Path | None
+    urls: tuple[str, ...],
+    as_json: bool,
+    token_file: Path | None,
+    cacert: Path | None,
+    token_in_clear: bool,
 ) -> None:
     """Several watchdogs side by side: URLS are their endpoints (http://mac-1.lan:9464, or
     https://host/path behind a TLS proxy; certificates are verified).
@@ -70,6 +79,7 @@ def fleet(
 
     from mlx_watchdog import fleet as core
     from mlx_watchdog.fleet.peers import check_url, fetch_status, tls
+    from mlx_watchdog.sense.files import open_regular
 
     for u in urls:
         problem = check_url(u)
@@ -78,7 +88,7 @@ def fleet(
     token = None
     if token_file is not None:
         try:
-            with token_file.open("rb") as fh:
+            with open_regular(token_file) as fh:
                 token = fh.read(4096).decode().strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(f"{token_file}: {exc}", param_hint="--token-file") from None
@@ -86,7 +96,9 @@ def fleet(
         verify = tls(cacert)
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise click.BadParameter(f"{cacert}: {exc}", param_hint="--cacert") from None
-    fetch = functools.partial(fetch_status, token=token, verify=verify)
+    fetch = functools.partial(
+        fetch_status, token=token, verify=verify, token_in_clear=token_in_clear
+    )
     docs = core.gather([u.rstrip("/") for u in urls], fetch)
     table = core.rows(docs)
     if as_json:

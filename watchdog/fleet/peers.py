@@ -3,6 +3,7 @@ verified), under a total deadline and a byte cap, the endpoint's path kept."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,16 +43,39 @@ def tls(cacert: Path | None) -> Any:
     return ssl.create_default_context(cafile=str(cacert))
 
 
+def in_clear(url: str) -> bool:
+    """A token sent to `url` would cross a network readable: plain http beyond loopback."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return False
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        return False
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return not (ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 def fetch_status(
-    url: str, *, token: str | None = None, verify: Any = True, deadline: float = DEADLINE
+    url: str,
+    *,
+    token: str | None = None,
+    verify: Any = True,
+    deadline: float = DEADLINE,
+    token_in_clear: bool = False,
 ) -> dict[str, Any]:
-    """The document at `url`/status, parsed as the watchdog reads any answer (bounded JSON)."""
+    """The document at `url`/status, parsed as the watchdog reads any answer (bounded JSON).
+    The token goes only over https or loopback, unless `token_in_clear`."""
     import httpx
 
     from mlx_watchdog.sense.bounded import BadJson, get, load_json
 
     headers = {"Accept": "application/json"}
-    if token:
+    withheld = bool(token) and in_clear(url) and not token_in_clear
+    if token and not withheld:
         headers["Authorization"] = f"Bearer {token}"
     try:
         status, body = get(
@@ -59,6 +83,12 @@ def fetch_status(
         )
     except httpx.HTTPError as exc:
         raise PeerError(f"no answer: {exc or type(exc).__name__}") from None
+    if status == 401 and withheld:
+        raise PeerError(
+            "HTTP 401: it wants its token, which is not sent over plain http beyond loopback "
+            "(anyone on the way could read it): give its endpoint as https, or pass "
+            "--token-in-clear on a network you trust"
+        )
     if status == 401:
         raise PeerError("HTTP 401: it wants its token (--token-file)")
     if status != 200:
