@@ -243,3 +243,95 @@ def test_maintenance_is_skipped_while_clients_are_served(
     assert event.message.startswith("skipped: ")
     recorded = [e for e in daemon.store.events("bad") if e.kind == EventKind.MAINTENANCE]
     assert len(recorded) == 1 and recorded[0].message == event.message
+
+
+CALENDAR_UNDER_TZ = """
+import json, sys
+from datetime import datetime, timezone
+from apscheduler.triggers.cron import CronTrigger
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon.calendar import Calendar, local_zone
+from mlx_watchdog.record.alerts import Alerter
+from mlx_watchdog.record.store import Store
+
+config = parse_config({"watchdog": {"daily_summary": "08:00", "state_dir": sys.argv[1]},
+                       "server": [{"url": "http://127.0.0.1:1"}]})
+cal = Calendar(Store(None), Alerter([]), dict, lambda: 1.0, None)
+cal.start(config)
+cal.stop()
+zone = local_zone()
+fires = []
+for day in ((2026, 3, 28), (2026, 10, 24)):
+    trigger = CronTrigger(hour=2, minute=30, timezone=zone)
+    at = trigger.get_next_fire_time(None, datetime(*day, 12, tzinfo=timezone.utc))
+    for _ in range(3):
+        fires.append(at.astimezone(timezone.utc).isoformat())
+        at = trigger.get_next_fire_time(at, at)
+print(json.dumps(fires))
+"""
+
+
+@pytest.mark.parametrize(
+    ("tz", "same_as"),
+    [
+        ("CET-1CEST,M3.5.0,M10.5.0/3", "Europe/Berlin"),  # a POSIX rule: Berlin's, spelled out
+        ("UTC0", "UTC"),
+        ("Nowhere/Atlantis", "UTC"),  # a zone this machine lacks: the C library reads UTC
+    ],
+)
+def test_the_calendar_runs_under_a_tz_that_names_no_zone(
+    tz: str, same_as: str, tmp_path: Path
+) -> None:
+    """tzlocal refuses such a TZ (the daemon exited 1 where `config check` passed); local time
+    is then the C library's reading of it, daylight saving included, as zoneinfo computes."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", CALENDAR_UNDER_TZ, str(tmp_path)],
+        env={**os.environ, "TZ": tz},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    zone = ZoneInfo(same_as)
+    expected = []
+    for day in ((2026, 3, 28), (2026, 10, 24)):
+        trigger = CronTrigger(hour=2, minute=30, timezone=zone)
+        at = trigger.get_next_fire_time(None, datetime(*day, 12, tzinfo=UTC))
+        for _ in range(3):
+            assert at is not None
+            expected.append(at.astimezone(UTC).isoformat())
+            at = trigger.get_next_fire_time(at, at)
+    assert json.loads(run.stdout) == expected
+
+
+def test_a_reload_keeps_an_unchanged_jobs_next_run(tmp_path: Path) -> None:
+    """Computed afresh after a daylight-saving shift, a job's run for today would be lost: a
+    reload that leaves its time alone keeps the run it had; a changed time is computed anew."""
+
+    def config(summary: str) -> Any:
+        return parse_config(
+            {
+                "watchdog": {"daily_summary": summary, "state_dir": str(tmp_path)},
+                "server": [{"url": "http://127.0.0.1:1", "maintenance": "Sun 04:00"}],
+            }
+        )
+
+    cal = Calendar(Store(None), Alerter([]), dict, lambda: 1.0, None)
+    cal.start(config("08:00"))
+    try:
+        assert cal._scheduler is not None
+        pending = datetime.now(UTC) + timedelta(minutes=5)  # today's shifted run, still due
+        cal._scheduler.modify_job("summary", next_run_time=pending)
+        cal.restart(config("08:00"))
+        jobs = {j.id: j for j in cal._scheduler.get_jobs()}
+        assert jobs["summary"].next_run_time == pending
+        cal.restart(config("09:15"))
+        jobs = {j.id: j for j in cal._scheduler.get_jobs()}
+        assert jobs["summary"].next_run_time != pending
+        assert jobs["summary"].next_run_time.strftime("%H:%M") == "09:15"
+    finally:
+        cal.stop()

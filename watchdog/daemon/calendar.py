@@ -14,13 +14,20 @@ As APScheduler 3.11's CronTrigger computes it (tests/test_calendar.py checks eac
 - the clock stepped forward past a job's time: the scheduler also wakes every WAKE seconds,
   so the job runs within a minute, late, once (coalesced, within MISFIRE_GRACE);
 - the clock stepped back: the job runs when its time comes again, at most once a local date.
+
+Local time is the zone tzlocal names; where it names none (`TZ=UTC0`, a POSIX rule such as
+`EST5EDT,M3.2.0,M11.1.0`, a zone name this machine lacks), it is the C library's reading of
+TZ, as `time.localtime` and every other time the watchdog shows. A reload keeps an unchanged
+job's next run: computed afresh inside a daylight-saving shift, today's run would be lost.
 """
 
 from __future__ import annotations
 
+import calendar
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from mlx_watchdog.config import Config, ServerConfig, when_fields
@@ -38,6 +45,57 @@ log = logging.getLogger("mlx_watchdog")
 WAKE = 60.0  # s: the scheduler looks at the wall clock at least this often
 MISFIRE_GRACE = 3600  # s: a job whose time was missed (a sleep, a clock step) still runs
 Maintain = Callable[[ServerConfig, Store], str]  # calibrate, keep it, say what was found
+
+
+class SystemLocal(tzinfo):
+    """Local time as the C library reads TZ: for a TZ that names no zone tzlocal knows.
+
+    As PEP 495 has it: a wall time the clock skipped (spring forward) or passed twice (fall
+    back) takes the offset from before the change with fold 0, from after it with fold 1."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        if dt is None:
+            return timedelta(seconds=time.localtime().tm_gmtoff)
+        return timedelta(seconds=_offset(dt))
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return self.utcoffset(dt) + timedelta(seconds=time.timezone)
+
+    def tzname(self, dt: datetime | None) -> str:
+        return time.tzname[1 if self.dst(dt) else 0]
+
+    def fromutc(self, dt: datetime) -> datetime:
+        stamp = calendar.timegm(dt.replace(tzinfo=None).timetuple())  # dt holds UTC wall time
+        t = time.localtime(stamp)
+        wall = datetime(*t[:6], microsecond=dt.microsecond, tzinfo=self)
+        return wall if _offset(wall) == t.tm_gmtoff else wall.replace(fold=1)
+
+    def __repr__(self) -> str:
+        return f"SystemLocal({time.tzname[0]})"
+
+
+def _offset(dt: datetime) -> int:
+    """The UTC offset of a local wall time, in seconds (see SystemLocal)."""
+    wall = calendar.timegm((dt.year, dt.month, dt.day, dt.hour, dt.minute, dt.second))
+    before = time.localtime(wall - 43200).tm_gmtoff
+    after = time.localtime(wall + 43200).tm_gmtoff
+    if before == after:
+        return before
+    fits = [o for o in (before, after) if time.localtime(wall - o).tm_gmtoff == o]
+    if len(fits) == 1:
+        return fits[0]
+    return after if dt.fold else before
+
+
+def local_zone() -> tzinfo:
+    """The zone local times are read in: tzlocal's, else the C library's reading of TZ."""
+    from tzlocal import get_localzone
+
+    try:
+        return get_localzone()
+    except Exception as exc:  # tzlocal raises its own, ValueError and zoneinfo's for a bad TZ
+        log.info("local time from the C library's reading of TZ (%s)", exc)
+        return SystemLocal()
 
 
 class Calendar:
@@ -58,6 +116,8 @@ class Calendar:
         self.clock = clock
         self._scheduler: BackgroundScheduler | None = None
         self._ran: dict[str, str] = {}  # job id -> the local date it last ran
+        self._kept: dict[str, datetime] = {}  # a reload's unchanged jobs: their next runs
+        self._fields: dict[str, dict[str, str]] = {}  # each job's times, as scheduled
 
     def jobs(self, config: Config) -> list[tuple[str, dict[str, str], Callable[[], None]]]:
         """(id, cron fields, what runs) for each job the config asks for."""
@@ -74,17 +134,30 @@ class Calendar:
         return wanted
 
     def start(self, config: Config) -> None:
+        """Schedule the config's calendar work; a failure is logged and probing goes on."""
         wanted = self.jobs(config)
         if not wanted:
             return
+        try:
+            self._start(wanted)
+        except Exception as exc:  # the calendar must never take the probing down with it
+            log.error("calendar work not scheduled (%s: %s)", type(exc).__name__, exc)
+
+    def _start(self, wanted: list[tuple[str, dict[str, str], Callable[[], None]]]) -> None:
         from apscheduler.schedulers.background import BackgroundScheduler
         from apscheduler.triggers.cron import CronTrigger
 
+        zone = local_zone()
         defaults = {"coalesce": True, "misfire_grace_time": MISFIRE_GRACE, "max_instances": 1}
-        scheduler = BackgroundScheduler(job_defaults=defaults, daemon=True)
+        scheduler = BackgroundScheduler(job_defaults=defaults, daemon=True, timezone=zone)
         scheduler.add_job(lambda: None, "interval", seconds=WAKE, id="wake")
         for job_id, fields, run in wanted:
-            scheduler.add_job(run, CronTrigger(**fields), id=job_id)
+            trigger = CronTrigger(**fields, timezone=zone)
+            if job_id in self._kept:
+                scheduler.add_job(run, trigger, id=job_id, next_run_time=self._kept[job_id])
+            else:
+                scheduler.add_job(run, trigger, id=job_id)
+        self._kept, self._fields = {}, {job_id: fields for job_id, fields, _ in wanted}
         scheduler.start()
         self._scheduler = scheduler
 
@@ -94,9 +167,23 @@ class Calendar:
             self._scheduler = None
 
     def restart(self, config: Config) -> None:
-        """A reload's jobs; what ran today stays ran."""
+        """A reload's jobs; what ran today stays ran, and an unchanged job keeps its next run."""
+        self._kept = self._next_runs(config)
         self.stop()
         self.start(config)
+
+    def _next_runs(self, config: Config) -> dict[str, datetime]:
+        """Each job's next run, where the new config asks for the same times."""
+        if self._scheduler is None:
+            return {}
+        wanted = {job_id: fields for job_id, fields, _ in self.jobs(config)}
+        return {
+            job.id: job.next_run_time
+            for job in self._scheduler.get_jobs()
+            if job.next_run_time is not None
+            and job.id in wanted
+            and self._fields.get(job.id) == wanted[job.id]
+        }
 
     def once(self, job_id: str) -> bool:
         """Each job runs once a local date (a fall-back hour comes twice)."""
