@@ -23,6 +23,7 @@ from tests.conftest import (
     BadByPidfile,
     DaemonThread,
     Receiver,
+    Running,
     free_port,
     listens,
     mlx_watchdog,
@@ -522,3 +523,56 @@ def test_a_bad_config_under_a_service_waits_for_the_fix_instead_of_a_respawn_loo
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_a_new_interval_retimes_the_next_run_and_never_brings_it_forward() -> None:
+    from mlx_watchdog.daemon.schedule import Schedule
+
+    runs: list[float] = []
+    schedule = Schedule()
+    schedule.keep({"j": (30.0, lambda: runs.append(time.monotonic()))})
+    try:
+        until(lambda: len(runs) == 1, 5, "the first run")
+        schedule.keep({"j": (60.0, lambda: runs.append(time.monotonic()))})  # longer: later
+        schedule.keep({"j": (45.0, lambda: runs.append(time.monotonic()))})
+        time.sleep(0.5)  # a run brought forward would show here
+        assert len(runs) == 1
+        schedule.keep({"j": (1.0, lambda: runs.append(time.monotonic()))})  # shorter: sooner
+        until(lambda: len(runs) == 2, 5, "the run at the new interval")
+        assert runs[1] - runs[0] >= 1.0 - 0.05
+    finally:
+        schedule.keep({})
+
+
+def test_reloads_that_change_settings_do_not_probe_sooner(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread], bad_server: Callable[..., Running]
+) -> None:
+    """A reload's settings wait for the server's next tick: 40 reloads, each changing a
+    threshold, over two seconds at a 1 s interval, are no reason for 40 probes."""
+    srv = bad_server("ok")
+    raw: dict[str, object] = {
+        "watchdog": {"interval": "1s", "listen": "off", "state_dir": str(tmp_path / "state")},
+        "server": [{"name": "a", "url": srv.url, "probe": {"wedge_after": "5s"}}],
+    }
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(toml(raw))
+    daemon = Daemon(parse_config(raw), config_path=cfg)
+    ticks: list[float] = []
+    tick = daemon.tick
+
+    def counted(name: str) -> object:
+        ticks.append(time.monotonic())
+        return tick(name)
+
+    daemon.tick = counted  # type: ignore[method-assign]
+    run_daemon(daemon)
+    until(lambda: ticks, 10, "the first tick")
+    began, first = time.monotonic(), len(ticks)
+    server = raw["server"][0]  # type: ignore[index]
+    for i in range(40):
+        server["probe"] = {"wedge_after": f"{5 + i % 2}s"}
+        cfg.write_text(toml(raw))
+        assert daemon.reload()  # as SIGHUP's loop does
+        time.sleep(0.05)
+    spent = time.monotonic() - began
+    assert len(ticks) - first <= spent / 1.0 + 2, (len(ticks) - first, spent)

@@ -335,8 +335,9 @@ class Daemon:
                 self.cycles[name] = self._cycle(server)
                 self._start_server(self.cycles[name])
             elif old.get(name) != server:
+                # Applied at its next tick, which comes at its interval: a reload is no reason
+                # to probe sooner (HUPs in a row would become probes in a row).
                 self.cycles[name].new_config = server
-                self.schedule.wake(name)
         self.config = new
         if self._running:
             self._schedule()

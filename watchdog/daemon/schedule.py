@@ -20,6 +20,7 @@ class Job:
         self.interval = interval
         self.work = work
         self._wake = threading.Event()
+        self._now = False  # the wake asks for a run now, not only a new look at the interval
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"job-{name}", daemon=True)
 
@@ -28,6 +29,12 @@ class Job:
 
     def wake(self) -> None:
         """Run now (or as soon as the run in progress ends)."""
+        self._now = True
+        self._wake.set()
+
+    def retime(self) -> None:
+        """The interval changed: the next run comes at the new interval from the last one's
+        start (at once only when that time has passed), never earlier."""
         self._wake.set()
 
     def stop(self) -> None:
@@ -42,8 +49,19 @@ class Job:
                 self.work()
             except Exception:  # a fault in one run must not end the job
                 log.exception("%s failed; it runs again at its next interval", self.name)
-            self._wake.wait(min(MAX_WAIT, max(0.0, self.interval - (time.monotonic() - started))))
+            self._pause(started)
+
+    def _pause(self, started: float) -> None:
+        """Until the interval from `started` is over, or a wake asks for a run now."""
+        while not self._stopped.is_set():
+            left = self.interval - (time.monotonic() - started)
+            if left <= 0:
+                return
+            woken = self._wake.wait(min(MAX_WAIT, left))
             self._wake.clear()
+            if woken and self._now:
+                self._now = False
+                return
 
 
 class Schedule:
@@ -71,7 +89,7 @@ class Schedule:
         for job in started.values():
             job.start()
         for job in moved:
-            job.wake()  # a new interval takes effect now, not after the old one
+            job.retime()  # a new interval takes effect now, not after the old one
 
     def wake(self, name: str) -> None:
         with self._lock:
