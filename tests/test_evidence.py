@@ -62,6 +62,29 @@ def test_live_and_abandoned_connections_and_their_age(bad_server: Callable[..., 
         second.close()
 
 
+def test_a_client_that_half_closes_after_sending_still_waits(
+    bad_server: Callable[..., Running],
+) -> None:
+    """shutdown(SHUT_WR) after the request (as some HTTP clients do) puts the server's socket in
+    CLOSE_WAIT, as a departed client's; but the client still holds its socket and reads the
+    answer. A client that then closes is gone."""
+    srv = bad_server("hang")
+    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"), clock=Clock())
+    half, gone = hold(srv.port), hold(srv.port)
+    try:
+        settle(inspector, live=2, abandoned=0)
+        half.shutdown(socket.SHUT_WR)
+        gone.close()
+        settle(inspector, live=1, abandoned=1)
+        (client,) = [c for c in inspector.sample().clients if c.status == "live"]
+        assert client.address == half.getsockname()[:2]
+        half.close()
+        settle(inspector, live=0, abandoned=2)
+    finally:
+        half.close()
+        gone.close()
+
+
 def test_command_line_that_does_not_match_is_noted(bad_server: Callable[..., Running]) -> None:
     srv = bad_server("ok")
     ev = Inspector(ServerConfig("b", srv.url, match="mlx_lm")).sample()

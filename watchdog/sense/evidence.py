@@ -31,19 +31,43 @@ class ProcessTable:
                     return int(sconn.pid)
         except psutil.AccessDenied:
             pass  # macOS allows the system-wide list to root only: look process by process
-        uid = os.getuid()
-        for proc in psutil.process_iter(["uids"]):
-            try:
-                if proc.info["uids"] is None or proc.info["uids"].real != uid:
-                    continue
-                if any(_listens(c, port) for c in proc.net_connections("tcp")):
-                    return int(proc.pid)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
+        for pid, conns in _own_connections():
+            if any(_listens(c, port) for c in conns):
+                return pid
         return None
+
+    def half_closed(self, clients: set[Address]) -> set[Address]:
+        """Of these clients on this machine, those that shut down only their sending side and
+        still wait for the answer: their socket is in FIN_WAIT2 and a process still holds it.
+        A client that closed leaves its socket to the kernel (no owner), or none at all."""
+        if not clients:
+            return set()
+        try:
+            owned = [c for c in psutil.net_connections("tcp") if c.pid is not None]
+        except psutil.AccessDenied:  # macOS: only root lists every socket
+            owned = [c for _, conns in _own_connections() for c in conns]
+        return {
+            addr
+            for c in owned
+            if c.status == psutil.CONN_FIN_WAIT2
+            and c.laddr
+            and (addr := _normal((c.laddr.ip, c.laddr.port))) in clients
+        }
 
     def process(self, pid: int) -> psutil.Process:
         return psutil.Process(pid)
+
+
+def _own_connections() -> Iterable[tuple[int, list[Any]]]:
+    """Each process of this user with its TCP sockets."""
+    uid = os.getuid()
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"] is None or proc.info["uids"].real != uid:
+                continue
+            yield int(proc.pid), proc.net_connections("tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
 
 
 def _listens(conn: Any, port: int) -> bool:
@@ -95,6 +119,7 @@ class Inspector:
         self._proc: psutil.Process | None = None
         self._proc_first = True
         self._clients: dict[Address, Client] = {}
+        self._addresses: set[str] | None = None  # this machine's, read at the first need
         self.gave_up = 0  # clients seen leaving (turning abandoned) since this inspector began
 
     def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessEvidence:
@@ -161,14 +186,22 @@ class Inspector:
         CLOSE_WAIT is a client that gave up (counted once)."""
         skip = {_normal(a) for a in exclude}
         seen: dict[Address, Client] = {}
+        here = {
+            _normal((c.raddr.ip, c.raddr.port))
+            for c in conns
+            if c.raddr and c.status == psutil.CONN_CLOSE_WAIT and self._on_this_machine(c.raddr.ip)
+        }
+        waiting = self.table.half_closed(here - skip)
         for conn in conns:
             if not conn.raddr or conn.laddr.port != port:
                 continue
             addr = _normal((conn.raddr.ip, conn.raddr.port))
             if addr in skip:
                 continue
-            if conn.status == psutil.CONN_CLOSE_WAIT:
+            if conn.status == psutil.CONN_CLOSE_WAIT and addr not in waiting:
                 status = "abandoned"
+            elif conn.status == psutil.CONN_CLOSE_WAIT:
+                status = "live"  # it half-closed after sending: it still reads
             elif conn.status == psutil.CONN_ESTABLISHED:
                 status = "live"
             else:
@@ -184,6 +217,16 @@ class Inspector:
             if status == "abandoned" and (before is None or before.status != "abandoned"):
                 self.gave_up += 1
         return seen
+
+    def _on_this_machine(self, ip: str) -> bool:
+        if self._addresses is None:
+            try:
+                interfaces = psutil.net_if_addrs().values()
+                self._addresses = {a.address.split("%")[0] for addrs in interfaces for a in addrs}
+            except OSError:
+                self._addresses = set()
+        ip = ip.removeprefix("::ffff:")
+        return ip.startswith("127.") or ip == "::1" or ip in self._addresses
 
     def _process(self, pid: int) -> psutil.Process:
         # A new Process object's first cpu_percent() is meaningless; remember whether it is.
