@@ -214,15 +214,22 @@ def footprint(work: Path, probes: int) -> dict[str, Any]:
     config = work / "footprint.toml"
     state = work / "footprint-state"
     config.write_text(
-        f'[watchdog]\ninterval = "20ms"\nlisten = "127.0.0.1:0"\nstate_dir = "{state}"\n'
+        f'[watchdog]\ninterval = "100ms"\nlisten = "127.0.0.1:0"\nstate_dir = "{state}"\n'
         f'[[server]]\nname = "fp"\nurl = "http://127.0.0.1:{port}"\nmatch = "badserver"\n'
     )
     daemon = subprocess.Popen(
         [python(), "-m", "mlx_watchdog", "run", "--config", str(config)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(work / "footprint.err").open("wb"),  # a file: a pipe nobody reads fills up
         cwd=ROOT,
     )
+
+    def alive() -> None:
+        """A daemon that exited (a config it refuses, say) is said, never waited for."""
+        if daemon.poll() is not None:
+            err = (work / "footprint.err").read_text(errors="replace")
+            raise SystemExit(f"the footprint daemon exited {daemon.returncode}: {err[-500:]}")
+
     proc = psutil.Process(daemon.pid)
     db = state / "history.db"
     try:
@@ -239,6 +246,7 @@ def footprint(work: Path, probes: int) -> dict[str, Any]:
                 return 0
 
         while count() < 20:
+            alive()
             time.sleep(0.2)
         rss_start = proc.memory_info().rss
         cpu_start = sum(proc.cpu_times()[:2])
@@ -254,6 +262,7 @@ def footprint(work: Path, probes: int) -> dict[str, Any]:
             )
             samples.append(time.perf_counter() - t)
         while count() < n_start + probes:
+            alive()
             time.sleep(1.0)
         n_end = count()
         rss_end = proc.memory_info().rss
@@ -315,9 +324,7 @@ QUICK = {"abandoned": 10.0, "permanent": 8.0, "patient": 10.0, "crash": 11.0, "s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="k = 20, shorter windows, 1,000 probes"
-    )
+    parser.add_argument("--quick", action="store_true", help="k = 20, shorter windows, 300 probes")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--only", help="scenarios, comma-separated")
     parser.add_argument("--watchers", help="watchers, comma-separated")
@@ -347,7 +354,7 @@ def main() -> None:
                 )
                 results.append(r)
         cost = probe_cost(model, work, 50)
-        fp = footprint(work, 1000 if args.quick else 10_000)
+        fp = footprint(work, 300 if args.quick else 3000)
     print(table(results))
     print(f"\nprobe cost on the real server: {json.dumps(cost)}")
     print(f"daemon footprint: {json.dumps(fp)}")

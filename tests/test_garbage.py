@@ -239,3 +239,21 @@ def test_a_left_probes_record_in_a_folder_others_write_is_neither_believed_nor_w
     assert "50002" not in path.read_text()
     shared.chmod(0o700)
     assert left.load() == [("127.0.0.1", 50001)]  # the same record, in a folder of its own
+
+
+def test_an_answered_probes_shorter_keep_is_written_with_the_next_probe(tmp_path: Path) -> None:
+    """One write a probe: an answered probe's entry is cut short with the next probe's entry,
+    not by a write of its own; until then it is kept as long as first written."""
+    from mlx_watchdog.record.left import LeftProbes
+
+    now = [1000.0]
+    path = tmp_path / "left-probes.json"
+    left = LeftProbes(path, clock=lambda: now[0])
+    first, second = ("127.0.0.1", 50000), ("127.0.0.1", 50001)
+    left.add(first, keep_for=600.0)
+    written = path.read_text()
+    left.shorten(first, keep_for=2.0)
+    assert path.read_text() == written  # no write of its own
+    left.add(second, keep_for=600.0)
+    now[0] += 3.0
+    assert left.load() == [second]

@@ -148,7 +148,7 @@ class Checker:
         if snap.done and probe.local_address and snap.finding not in UNANSWERED:
             self.own.answered(probe.local_address)
             if self.announce_probe and self.probe is probe:
-                self.left.add(probe.local_address, keep_for=ANSWERED_GRACE)
+                self.left.shorten(probe.local_address, keep_for=ANSWERED_GRACE)
         process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
         load = self.load.read()
         fans_out = self.server.profile.fans_out

@@ -38,6 +38,8 @@ class LeftProbes:
         self.paths = list(dict.fromkeys(given))
         self.clock = clock
         self._lock = threading.Lock()
+        self._later: dict[Address, float] = {}  # shortened expiries, written with the next add
+        self._cache: dict[Path, tuple[str, list[tuple[str, int, float]]]] = {}
 
     def load(self) -> list[Address]:
         found = ((ip, port) for path in self.paths for ip, port, _ in self._entries(path))
@@ -47,9 +49,21 @@ class LeftProbes:
         until = self.clock() + keep_for
         key = (address[0], int(address[1]))
         with self._lock:
+            later = dict(self._later)
+            self._later.clear()
             for path in self.paths:
-                kept = [e for e in self._entries(path) if (e[0], e[1]) != key]
+                kept = [
+                    (ip, port, min(until_, later.get((ip, port), until_)))
+                    for ip, port, until_ in self._entries(path)
+                    if (ip, port) != key
+                ]
                 self._write(path, [*kept, (*key, until)])
+
+    def shorten(self, address: Address, keep_for: float) -> None:
+        """An answered request needs its entry only a little longer: said with the next `add`,
+        not by a write of its own (a daemon probing every second wrote twice a probe)."""
+        with self._lock:
+            self._later[(address[0], int(address[1]))] = self.clock() + keep_for
 
     def _write(self, path: Path, entries: list[tuple[str, int, float]]) -> None:
         try:
@@ -69,15 +83,22 @@ class LeftProbes:
             # Only a record in a folder of this user's that no one else writes: a forged entry
             # would hide a live client, whose request a cancel could then end.
             check_private(path.parent)
-            raw = json.loads(read_private(path))
             now = self.clock()
-            return [
-                (str(ip), int(port), float(until))
-                for ip, port, until in raw[-1000:]
-                if float(until) > now
-            ]
+            return [e for e in self._parsed(path) if e[2] > now]
         except (OSError, UnsafeState, ValueError, TypeError, RecursionError):
             return []
+
+    def _parsed(self, path: Path) -> list[tuple[str, int, float]]:
+        """The record's entries, parsed again only when its text changed (every check reads
+        it; most find it as the last look left it)."""
+        text = read_private(path)
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == text:
+            return cached[1]
+        raw = json.loads(text)
+        entries = [(str(ip), int(port), float(until)) for ip, port, until in raw[-1000:]]
+        self._cache[path] = (text, entries)
+        return entries
 
 
 def left_probes(state_dir: Path) -> LeftProbes:

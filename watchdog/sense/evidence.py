@@ -120,6 +120,7 @@ class Inspector:
         self._proc_first = True
         self._clients: dict[Address, Client] = {}
         self._addresses: set[str] | None = None  # this machine's, read at the first need
+        self._kind = "tcp"  # the socket tables read: the listener's family once it is known
         self.gave_up = 0  # clients seen leaving (turning abandoned) since this inspector began
 
     def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessEvidence:
@@ -152,7 +153,7 @@ class Inspector:
                 create_time = now - (self.wall() - proc.create_time())
                 rss = int(proc.memory_info().rss)
                 cpu = proc.cpu_percent(interval=None)
-            conns = proc.net_connections("tcp")
+            conns = proc.net_connections(self._kind)
         except psutil.NoSuchProcess:
             self._proc = None
             if guessed:
@@ -161,9 +162,20 @@ class Inspector:
         except (psutil.AccessDenied, psutil.ZombieProcess) as exc:
             return ProcessEvidence(pid=pid, error=f"cannot inspect PID {pid}: {type(exc).__name__}")
 
-        if guessed and not any(_listens(c, port) for c in conns):
+        listening = [c for c in conns if _listens(c, port)]
+        if self._kind != "tcp" and not listening:
+            self._kind = "tcp"  # a listener of the other family now, or another process
+            return self.sample(pid if not guessed else None, exclude)
+        if guessed and not listening:
             self._proc = None  # no longer the server: scan for the one that listens now
             return self.sample(None, exclude)
+        # Its clients come in on its listener's family: on Linux each family's table costs a
+        # read of every socket on the machine (TIME_WAITs included), so only one is read.
+        families = {c.family for c in listening}
+        if families == {socket.AF_INET}:
+            self._kind = "tcp4"
+        elif families == {socket.AF_INET6}:
+            self._kind = "tcp6"
         seen = self._clients_of(conns, port, exclude, now)
         self._clients = seen
         clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
