@@ -571,3 +571,37 @@ def test_clients_that_go_away_mid_answer_leave_no_traceback(
         server.shutdown()
         server.server_close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_restarts_asked_for_at_the_same_moment_are_one_restart(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """Eight people press restart at once: one is queued, the others are told why not."""
+    import threading
+
+    ok = BadByPidfile(tmp_path, "ok")
+    try:
+        raw = command_config(tmp_path, ok)
+        raw["watchdog"]["listen"] = "127.0.0.1:0"  # type: ignore[index]
+        t = run_daemon(Daemon(parse_config(raw)))
+        e = Endpoint(t)
+        until(lambda: e.get("/healthz/bad").status_code == 200, 20, "healthy")
+        go = threading.Barrier(8)
+        codes: list[int] = []
+
+        def press() -> None:
+            go.wait()
+            codes.append(e.post("/servers/bad/restart", token=e.token).status_code)
+
+        pressing = [threading.Thread(target=press) for _ in range(8)]
+        for p in pressing:
+            p.start()
+        for p in pressing:
+            p.join(30)
+        assert sorted(codes) == [202] + [409] * 7, codes
+        until(lambda: t.daemon.store.restarts("bad", 0.0), 20, "the restart")
+        until(lambda: t.daemon.store.restarts("bad", 0.0)[0].outcome, 20, "its outcome")
+        assert len(t.daemon.store.restarts("bad", 0.0)) == 1
+        assert not t.daemon.cycles["bad"].requests
+    finally:
+        ok.kill()

@@ -1,14 +1,16 @@
 """One server's cycle: its verdicts, phase, open incident, advice and events, tick by tick.
 
 The only writer of incident rows (with its LeastCost, cycle/least_cost.py). Each server has one
-Cycle, touched only by its own job (the endpoint's asks are queued for the next tick). A restart
-climbs the ladder (act/ladder.py); what it means for the incident is decided here."""
+Cycle, touched only by its own job (the endpoint's and the calendar's asks are queued, under a
+lock, for the next tick). A restart climbs the ladder (act/ladder.py); what it means for the
+incident is decided here."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections import deque
 
@@ -66,6 +68,10 @@ class Cycle:
         self.refused_said = False  # the identity refusal is said once until the server serves
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
         self.requests: deque[str] = deque()
+        # `ask` runs on the endpoint's and the calendar's threads: the check that no restart is
+        # queued or being carried out, and the queueing, are one step under this lock.
+        self._asks = threading.Lock()
+        self._carrying: str | None = None
         # A reload's settings, applied by the server's own job between two ticks; and whether a
         # reload removed the server (its job ends).
         self.new_config: ServerConfig | None = None
@@ -108,8 +114,12 @@ class Cycle:
     def tick(self, interval: float) -> Verdict | None:
         """Judge the server once: start a probe, or judge the age of the one in flight."""
         self.interval = interval
-        while self.requests:
-            self._carry_out(self.requests.popleft())
+        while (action := self._next_ask()) is not None:
+            try:
+                self._carry_out(action)
+            finally:
+                with self._asks:
+                    self._carrying = None
         self._notice_jump(interval)
         v = self.least.traffic() if self.checker.probe is None else None
         if v is None:
@@ -423,26 +433,29 @@ class Cycle:
     # -- a person's asks --------------------------------------------------------------------
 
     def ask(self, action: str, interval: float) -> None:
-        """Queue a person's restart, drain or undrain for the next tick. A restart while one
-        runs, is queued, or just brought the server back would be a second restart for one
-        cause: refused (Conflict), saying what happened instead."""
-        if action in RESTARTS:
-            queued, running, last = (
-                any(a in RESTARTS for a in self.requests),
-                self.restarting,
-                self.tally.last_restart,
-            )
-            why = budget.repeat_restart(
-                self.server.name,
-                last,
-                queued=queued,
-                running=running,
-                now=self.clock(),
-                interval=interval,
-            )
-            if why is not None:
-                raise Conflict(why)
-        self.requests.append(action)
+        """Queue a person's restart, drain or undrain for the next tick, from any thread. A
+        restart while one runs, is queued, or just brought the server back would be a second
+        restart for one cause: refused (Conflict), saying what happened instead."""
+        with self._asks:
+            if action in RESTARTS:
+                # One being carried out has left the queue but not yet begun: still asked for.
+                queued = self._carrying in RESTARTS or any(a in RESTARTS for a in self.requests)
+                why = budget.repeat_restart(
+                    self.server.name,
+                    self.tally.last_restart,
+                    queued=queued,
+                    running=self.restarting,
+                    now=self.clock(),
+                    interval=interval,
+                )
+                if why is not None:
+                    raise Conflict(why)
+            self.requests.append(action)
+
+    def _next_ask(self) -> str | None:
+        with self._asks:
+            self._carrying = self.requests.popleft() if self.requests else None
+            return self._carrying
 
     def _carry_out(self, action: str) -> None:
         log.info("%s %s asked for through the endpoint", self.server.name, action)
