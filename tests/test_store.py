@@ -81,10 +81,13 @@ def test_schema_is_versioned_and_migrations_recorded(tmp_path: Path) -> None:
 def test_corrupt_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "h.db"
     path.write_bytes(b"this is not sqlite at all" * 100)
+    (tmp_path / "h.db-journal").write_bytes(b"a hot journal")
     with caplog.at_level(logging.ERROR):
         store = Store(path, clock=lambda: 1234.0)
     aside = tmp_path / "h.db.corrupt-1234"
     assert aside.read_bytes().startswith(b"this is not sqlite")
+    # Its journal went with it: a hot journal left would be rolled into the new database.
+    assert (tmp_path / "h.db.corrupt-1234-journal").read_bytes() == b"a hot journal"
     assert store.problem and "corrupt" in store.problem and "moved it to" in caplog.text
     store.add_event("a", 1.0, "detected", "m", {})
     assert len(store.events()) == 1

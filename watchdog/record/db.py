@@ -111,7 +111,7 @@ class Database:
             return self._connect(":memory:")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # Created 0600 before SQLite opens it: its -wal and -shm take the same mode.
+            # Created 0600 before SQLite opens it: its -journal takes the same mode.
             create_private(self.path)
             return self._connect_waiting(str(self.path))
         except sqlite3.DatabaseError as exc:
@@ -178,7 +178,9 @@ class Database:
     def _move_aside(self, exc: BaseException) -> None:
         assert self.path is not None
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
-        for suffix in ("", "-wal", "-shm"):
+        # Its rollback journal goes with it: a hot journal left behind would be rolled into the
+        # fresh database. (-wal/-shm: a history from before the journal was a rollback one.)
+        for suffix in ("", "-journal", "-wal", "-shm"):
             part = Path(str(self.path) + suffix)
             if part.exists():
                 part.replace(Path(str(aside) + suffix))
