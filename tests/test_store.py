@@ -81,16 +81,26 @@ def test_schema_is_versioned_and_migrations_recorded(tmp_path: Path) -> None:
 def test_corrupt_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "h.db"
     path.write_bytes(b"this is not sqlite at all" * 100)
-    (tmp_path / "h.db-journal").write_bytes(b"a hot journal")
     with caplog.at_level(logging.ERROR):
         store = Store(path, clock=lambda: 1234.0)
     aside = tmp_path / "h.db.corrupt-1234"
     assert aside.read_bytes().startswith(b"this is not sqlite")
-    # Its journal went with it: a hot journal left would be rolled into the new database.
-    assert (tmp_path / "h.db.corrupt-1234-journal").read_bytes() == b"a hot journal"
     assert store.problem and "corrupt" in store.problem and "moved it to" in caplog.text
     store.add_event("a", 1.0, "detected", "m", {})
     assert len(store.events()) == 1
+
+
+def test_a_corrupt_historys_journal_goes_aside_with_it(tmp_path: Path) -> None:
+    """A hot journal left beside a fresh database would be rolled into it (SQLite replays a
+    journal it finds valid on the next open; it deletes one it does not)."""
+    path = tmp_path / "h.db"
+    store = Store(path, clock=lambda: 77.0)
+    store.close()
+    (tmp_path / "h.db-journal").write_bytes(b"the journal of a transaction cut short")
+    store.db._move_aside(sqlite3.DatabaseError("database disk image is malformed"))
+    assert not (tmp_path / "h.db-journal").exists()
+    moved = tmp_path / "h.db.corrupt-77-journal"
+    assert moved.read_bytes() == b"the journal of a transaction cut short"
 
 
 def test_file_found_corrupt_while_running_is_replaced(tmp_path: Path) -> None:
