@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
 from mlx_watchdog.record.left import LeftProbes
-from mlx_watchdog.sense.evidence import Inspector, ProcessEvidence, ProcessTable
-from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot
+from mlx_watchdog.sense.evidence import Inspector, ProcessTable
+from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot, ProcessEvidence
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.memory import MemoryWatch
 from mlx_watchdog.sense.models import check_models
