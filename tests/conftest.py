@@ -222,6 +222,27 @@ def patient_client(serial_server: Running) -> Iterator[Callable[..., None]]:
     assert outcome == ["served"] * len(threads), "the patient client was not served"
 
 
+@pytest.fixture
+def uploading_client() -> Iterator[Callable[[Running], socket.socket]]:
+    """A client still sending its request (headers sent, the body half): a live connection the
+    server is serving, which costs it no prefill, so the test ends without waiting for one."""
+    held: list[socket.socket] = []
+
+    def connect(server: Running) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"messages": [')
+        held.append(sock)
+        return sock
+
+    yield connect
+    for sock in held:
+        sock.close()
+
+
 @pytest.fixture(scope="session")
 def _batched_server(start_real_server: StartServer) -> Running:
     return start_real_server()

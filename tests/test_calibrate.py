@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,14 +123,14 @@ def test_calibrate_the_real_server(batched_server: Running, tmp_path: Path) -> N
 
 @pytest.mark.real_server
 def test_calibrate_refuses_while_a_client_is_served(
-    serial_server: Running, patient_client: Callable[..., None]
+    serial_server: Running, uploading_client: Callable[[Running], object]
 ) -> None:
-    # About 24k tokens: still prefilling when the command has started and looked, on a fast
-    # machine too (a 9k-token one ended first here: 2,600 tok/s).
-    patient_client(words=8000)
-    time.sleep(1.0)
+    # A client in the middle of sending its request: served, and costing the server nothing
+    # (a 24k-token prompt did the same, and each test then waited ~50 s for its prefill).
+    uploading_client(serial_server)
     proc = calibrate(serial_server.url, "--sizes", "500,2k")
     assert proc.returncode == 1 and "not calibrating" in proc.stderr and "--force" in proc.stderr
+    assert "1 client(s) are being served right now" in proc.stderr
 
 
 def test_a_server_restarted_while_measured_is_told_apart(

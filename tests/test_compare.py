@@ -4,7 +4,6 @@ llama-server; it refuses while either is busy."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 
 import pytest
@@ -64,15 +63,15 @@ def test_against_llama_server(serial_server: Running, llama_server: Running) -> 
 
 
 def test_refuses_while_either_is_busy(
-    serial_server: Running, batched_server: Running, patient_client: Callable[..., None]
+    serial_server: Running, batched_server: Running, uploading_client: Callable[[Running], object]
 ) -> None:
-    # About 24k tokens: still prefilling when the command has started and looked, on a fast
-    # machine too (a 9k-token one ended first here: 2,600 tok/s).
-    patient_client(words=8000)
-    time.sleep(1.0)
+    # A client in the middle of sending its request: served, and costing the server nothing
+    # (a 24k-token prompt did the same, and each test then waited ~50 s for its prefill).
+    uploading_client(serial_server)
     proc = mlx_watchdog("compare", batched_server.url, serial_server.url, timeout=120)
     assert proc.returncode == 1, proc.stdout
     assert "not comparing" in proc.stderr and serial_server.url in proc.stderr
+    assert "being served right now" in proc.stderr
 
 
 def test_a_server_that_stops_answering_ends_the_comparison_at_its_limit(
