@@ -133,6 +133,17 @@ BAD = [
         '[[server]]\nurl = "http://127.0.0.1:8080"\nmanger = "none"',
         'unknown key "manger"; did you mean "manager"?',
     ),
+    (
+        "a manager misspelt",
+        '[[server]]\nurl = "http://127.0.0.1:8080"\nmanager = "proces"',
+        'manager = "proces" must be one of: none, launchd, systemd, process, command; did you '
+        'mean "process"?',
+    ),
+    (
+        "a kind misspelt",
+        '[[server]]\nurl = "http://127.0.0.1:8080"\nkind = "MLX-LM"',
+        'did you mean "mlx_lm"?',
+    ),
     ("missing url", '[[server]]\nname = "qwen"', 'server "qwen": url is required'),
     (
         "bad url",

@@ -3,10 +3,11 @@ or raises ValueError naming the key and quoting the value; each formatter writes
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
@@ -228,18 +229,27 @@ def parse_env(value: object, where: str) -> dict[str, str]:
     return dict(value)
 
 
+def one_of(value: object, choices: Sequence[str], where: str) -> str:
+    """`value` when it is one of `choices`; else a ValueError naming the key, the value, the
+    choices and the closest one ("did you mean"), as an unknown key gets."""
+    if isinstance(value, str) and value in choices:
+        return value
+    said = f"{where} = {show(value)} must be one of: {', '.join(choices)}"
+    if isinstance(value, str):
+        close = difflib.get_close_matches(value.lower(), list(choices), n=1, cutoff=0.6)
+        if close:
+            said += f'; did you mean "{close[0]}"?'
+    raise ValueError(said)
+
+
 def parse_manager(value: object, where: str) -> Manager:
-    if value not in MANAGERS:
-        raise ValueError(f"{where} = {show(value)} must be one of: {', '.join(MANAGERS)}")
-    return value
+    return cast(Manager, one_of(value, MANAGERS, where))
 
 
 def parse_kind(value: object, where: str) -> str:
     from mlx_watchdog.config.profiles import KINDS
 
-    if value not in KINDS:
-        raise ValueError(f"{where} = {show(value)} must be one of: {', '.join(KINDS)}")
-    return str(value)
+    return one_of(value, list(KINDS), where)
 
 
 def parse_domain(value: object, where: str) -> str:
