@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -246,3 +248,47 @@ def test_a_retry_loop_in_the_history_is_named_with_the_timeout_it_needs(tmp_path
         "its timeout is above 170 s"
     )
     assert "raise that client's timeout" in loops[0].fix
+
+
+def test_each_command_doctor_suggests_works_as_typed(tmp_path: Path) -> None:
+    """A config in a folder of its own (a space in its name): the commands doctor suggests
+    carry it, so typed as shown they find the server; without --config they would not."""
+    import json
+    import shlex
+    import sys
+
+    folder = tmp_path / "my configs"
+    folder.mkdir()
+    cfg = folder / "w.toml"
+    cfg.write_text(
+        f'[watchdog]\nstate_dir = "{tmp_path / "state"}"\nlisten = "off"\n'
+        '[[server]]\nname = "m64"\nurl = "http://127.0.0.1:9"\n'
+    )
+    run = mlx_watchdog("doctor", "--config", str(cfg), "--json")
+    found = json.loads(run.stdout)
+    fixes = [f["fix"] for f in found if f["fix"].startswith("mlx-watchdog calibrate")]
+    assert fixes, run.stdout
+    for fix in fixes:
+        argv = shlex.split(fix)
+        assert argv[:2] == ["mlx-watchdog", "calibrate"] and str(cfg) in argv, fix
+        typed = subprocess.run(
+            [sys.executable, "-m", "mlx_watchdog", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if k != "MLX_WATCHDOG_CONFIG"},
+        )
+        said = typed.stdout + typed.stderr
+        assert "no server named" not in said and "m64" in said, said
+    human = mlx_watchdog("doctor", "--config", str(cfg))
+    assert f"calibrate --config {shlex.quote(str(cfg))} --server m64" in human.stdout
+
+
+def test_config_init_takes_its_path_as_an_argument(tmp_path: Path) -> None:
+    target = tmp_path / "new.toml"
+    run = mlx_watchdog("config", "init", str(target))
+    assert run.returncode == 0 and target.exists(), run.stderr
+    assert mlx_watchdog("config", "check", "--config", str(target)).returncode == 0
+    both = mlx_watchdog("config", "init", str(target), "--config", str(tmp_path / "other.toml"))
+    assert both.returncode == 3 and "two places given" in both.stderr

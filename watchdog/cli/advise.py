@@ -16,6 +16,7 @@ from mlx_watchdog.cli.app import (
     or_exit,
     out,
     pick_servers,
+    suggest,
     unmoved,
 )
 
@@ -299,6 +300,7 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
     serial serving, API key file, last calibration) and, with --litellm-config, the proxy's
     timeouts, retries and fallbacks. Exit 0 all ok, 1 warnings, 2 problems.
     """
+    import dataclasses
     import json
 
     from mlx_watchdog.advice.doctor import exit_code, run_doctor
@@ -306,7 +308,13 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
     cfg = load_or_exit(config_path)
     findings = []
     style = {"ok": "green", "note": "cyan", "warning": "yellow", "problem": "bold red"}
-    for f in run_doctor(cfg, litellm=litellm_config):
+    for found in run_doctor(cfg, litellm=litellm_config):
+        # Each command it suggests works as typed: it carries this one's --config.
+        f = dataclasses.replace(
+            found,
+            detail=suggest(found.detail, config_path),
+            fix=suggest(found.fix, config_path) if found.fix else found.fix,
+        )
         findings.append(f)
         if not as_json:
             line = (
@@ -317,8 +325,6 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
                 label = "avoid" if f.level == "note" else "fix"
                 out.print(f"         {label}: {escape(f.fix)}", style="dim", soft_wrap=True)
     if as_json:
-        import dataclasses
-
         click.echo(json.dumps([dataclasses.asdict(f) for f in findings], indent=2))
     sys.exit(exit_code(findings))
 

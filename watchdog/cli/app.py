@@ -5,6 +5,8 @@ rich is imported on first use: a command that prints JSON, and `--help`, never p
 
 from __future__ import annotations
 
+import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -88,6 +90,19 @@ config_option = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Config file (default: $MLX_WATCHDOG_CONFIG or ~/.config/mlx-watchdog/config.toml).",
 )
+
+
+_SUGGESTED = re.compile(r"\bmlx-watchdog ((?:config|prometheus) [a-z-]+|[a-z-]+)(?! --config)")
+
+
+def suggest(text: str, config_path: Path | None) -> str:
+    """`text` with every command it suggests carrying the --config given to this one, so that
+    it works when typed as shown ($MLX_WATCHDOG_CONFIG, when that is how it came, is already
+    in the shell that runs it)."""
+    if config_path is None:
+        return text
+    where = shlex.quote(str(config_path))
+    return _SUGGESTED.sub(lambda m: f"mlx-watchdog {m.group(1)} --config {where}", text)
 
 
 def load_or_exit(config_path: Path | None) -> Config:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from mlx_watchdog.cli.app import config_option, err, escape, load_or_exit
+from mlx_watchdog.cli.app import config_option, err, escape, load_or_exit, suggest
 
 if TYPE_CHECKING:
     from mlx_watchdog.service import JobUser
@@ -227,7 +227,8 @@ def server_install(
     with _owned_by(user, path):
         added = append_server(path, block)
     click.echo(f"added server {name} to {added}")
-    err.print("reload a running watchdog to watch it: `mlx-watchdog install` or kill -HUP its PID")
+    said = "reload a running watchdog to watch it: `mlx-watchdog install` or kill -HUP its PID"
+    err.print(escape(suggest(said, config_path)))
 
 
 @server.command("uninstall")

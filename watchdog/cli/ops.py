@@ -17,6 +17,7 @@ from mlx_watchdog.cli.app import (
     escape,
     load_or_exit,
     out,
+    suggest,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
@@ -351,7 +352,8 @@ def _action(action: str) -> click.Command:
         try:
             message = act(cfg.watchdog.state_dir, name, action)
         except DaemonNotRunning as exc:
-            err.print(f"[red]error:[/red] {escape(str(exc))}; start it with `mlx-watchdog run`")
+            said = suggest(f"{exc}; start it with `mlx-watchdog run`", config_path)
+            err.print(f"[red]error:[/red] {escape(said)}")
             sys.exit(UNKNOWN_EXIT)
         except ActionRefused as exc:
             raise click.ClickException(str(exc)) from None
@@ -360,13 +362,17 @@ def _action(action: str) -> click.Command:
             return
         restart, drain = server.restart, server.restart.drain_timeout if server.restart.drain else 0
         bound = drain + restart.stop_grace + restart.command_timeout + server.probe.startup_grace
-        sys.exit(_await_restart(cfg, name, asked, bound + 2 * cfg.watchdog.interval + 10))
+        sys.exit(
+            _await_restart(cfg, name, asked, bound + 2 * cfg.watchdog.interval + 10, config_path)
+        )
 
     command.__doc__ = help_text
     return click.command(action, help=help_text)(command)
 
 
-def _await_restart(cfg: Any, name: str, asked: float, bound: float) -> int:
+def _await_restart(
+    cfg: Any, name: str, asked: float, bound: float, config_path: Path | None = None
+) -> int:
     """Follow the asked restart in the daemon's status until it ends; say how, and the exit
     code: 0 it serves again, 2 it does not, 3 the watchdog cannot tell."""
     from mlx_watchdog.serve.client import DaemonNotRunning, live_status
@@ -392,7 +398,8 @@ def _await_restart(cfg: Any, name: str, asked: float, bound: float) -> int:
             echo(f"restart of {name} {outcome} after {took:.1f} s: {server.get('reason')}")
             return UNKNOWN_EXIT if outcome == "interrupted" else 2
         time.sleep(0.5)
-    err.print(f"the restart of {name} had not ended after {bound:.0f} s; see `mlx-watchdog status`")
+    said = f"the restart of {name} had not ended after {bound:.0f} s; see `mlx-watchdog status`"
+    err.print(escape(suggest(said, config_path)))
     return UNKNOWN_EXIT
 
 

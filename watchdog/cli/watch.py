@@ -332,13 +332,17 @@ def config_check(config_path: Path | None, as_json: bool) -> None:
 
 
 @config.command("init")
+@click.argument("where", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @config_option
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-def config_init(config_path: Path | None, force: bool) -> None:
-    """Write a commented config template (default: ~/.config/mlx-watchdog/config.toml)."""
+def config_init(where: Path | None, config_path: Path | None, force: bool) -> None:
+    """Write a commented config template to WHERE or --config (default:
+    $MLX_WATCHDOG_CONFIG or ~/.config/mlx-watchdog/config.toml)."""
     from mlx_watchdog.config import ConfigError, resolve_config_path, write_template
 
-    path, _ = resolve_config_path(config_path)
+    if where is not None and config_path is not None and where != config_path:
+        raise click.UsageError(f"two places given: {where} and --config {config_path}")
+    path, _ = resolve_config_path(where or config_path)
     try:
         written = write_template(path, force=force)
     except ConfigError as exc:
