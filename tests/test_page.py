@@ -215,7 +215,7 @@ def test_open_without_a_running_watchdog_says_so(tmp_path: Path) -> None:
     script, seen = _browser_script(tmp_path)
     cfg = _open_config(tmp_path, tmp_path / "state")
     done = mlx_watchdog("open", "--config", str(cfg), env={"BROWSER": str(script)})
-    assert done.returncode == 1 and "the watchdog is not running" in done.stderr
+    assert done.returncode == 3 and "the watchdog is not running" in done.stderr
     assert not seen.exists()
 
 

@@ -82,16 +82,20 @@ def open_page(config_path: Path | None, print_url: bool) -> None:
     """Open the running watchdog's status page (its endpoint's /) in the browser.
 
     The page is read-only and refreshes by itself; it needs the watchdog running with its
-    endpoint (watchdog.listen_port). Exit code 1 when there is no page or no browser.
+    endpoint (watchdog.listen). Exit code 3 when the watchdog is not running, 1 when it serves
+    no page that can be opened, or no browser can be started.
     """
     import webbrowser
 
-    from mlx_watchdog.serve.client import DaemonNotRunning, page_url
+    from mlx_watchdog.serve.client import DaemonNotRunning, NoPage, page_url
 
     cfg = load_or_exit(config_path)
     try:
         url = page_url(cfg.watchdog.state_dir)
     except DaemonNotRunning as exc:
+        err.print(f"no status page: {escape(str(exc))}")
+        sys.exit(UNKNOWN_EXIT)
+    except NoPage as exc:
         err.print(f"no status page: {escape(str(exc))}")
         sys.exit(1)
     if print_url:

@@ -28,6 +28,10 @@ class DaemonNotRunning(Exception):
     """No watchdog answers for this state_dir; the message says what was found."""
 
 
+class NoPage(Exception):
+    """The watchdog runs, but its page cannot be opened as asked; the message says why."""
+
+
 class ActionRefused(Exception):
     """The daemon answered an action with an error; the message is its answer."""
 
@@ -129,13 +133,13 @@ def page_url(state_dir: Path) -> str:
         url = f"http://{'127.0.0.1' if parts.hostname == '0.0.0.0' else '[::1]'}:{parts.port}"
     status, _ = _request(url, "GET", "/")
     if status == 401:
-        raise DaemonNotRunning(
+        raise NoPage(
             f"the page at {url}/ needs the API token, as /status does, because the endpoint "
             'listens beyond loopback: add "/status" to watchdog.open_routes to open both to '
             "your network, or listen on 127.0.0.1"
         )
     if status != 200:
-        raise DaemonNotRunning(f"the watchdog at {url} answered HTTP {status} for its page")
+        raise NoPage(f"the watchdog at {url} answered HTTP {status} for its page")
     return url + "/"
 
 
