@@ -134,7 +134,8 @@ def run_drill(
     if not answered and before is not None and now_pid != before:
         # A running daemon restarted it meanwhile: say so, and never ask for a second one.
         replaced_after = clock() - gave_up
-        say(f"the server was restarted meanwhile (PID {before} -> {now_pid}); waiting for it")
+        became = f"PID {before} -> {now_pid}" if now_pid is not None else f"PID {before} is gone"
+        say(f"the server was restarted meanwhile ({became}); waiting for it")
         served_after = _served_again(server, settings, gave_up + max_wait, clock)
         served_after = None if served_after is None else served_after - gave_up
     elif not answered and clock() - gave_up >= max_wait:
