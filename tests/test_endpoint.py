@@ -128,8 +128,12 @@ def test_actions_need_the_token_and_drain_turns_healthz_503(endpoint: Endpoint) 
     assert r.status_code == 202 and "drain of good queued" in r.json()["message"]
     until(lambda: endpoint.get("/healthz/good").status_code == 503, 10, "the drain")
     assert endpoint.get("/status").json()["servers"][0]["draining"] is True
+    again = endpoint.post("/servers/good/drain", token=endpoint.token)
+    assert again.status_code == 409 and "drained already" in again.text  # nothing changed
     assert endpoint.post("/servers/good/undrain", token=endpoint.token).status_code == 202
     until(lambda: endpoint.get("/healthz/good").status_code == 200, 10, "the undrain")
+    again = endpoint.post("/servers/good/undrain", token=endpoint.token)
+    assert again.status_code == 409 and "not drained; nothing to undrain" in again.text
     assert endpoint.post("/servers/nope/restart", token=endpoint.token).status_code == 404
 
 

@@ -450,6 +450,15 @@ class Cycle:
                 )
                 if why is not None:
                     raise Conflict(why)
+            elif action in ("drain", "undrain"):
+                pending = [a for a in self.requests if a in ("drain", "undrain")]
+                drained = pending[-1] == "drain" if pending else self.draining
+                if drained == (action == "drain"):
+                    raise Conflict(
+                        f"{self.server.name} is drained already; `undrain` ends it"
+                        if drained
+                        else f"{self.server.name} is not drained; nothing to undrain"
+                    )
             self.requests.append(action)
 
     def _next_ask(self) -> str | None:
