@@ -267,7 +267,7 @@ def _raw(url: str, request: bytes, wait: float = 5.0) -> bytes:
 def test_a_body_is_read_only_for_the_token_holder_and_its_length_is_checked(
     endpoint: Endpoint,
 ) -> None:
-    action = b"POST /servers/good/undrain HTTP/1.1\r\nHost: w\r\n"
+    action = b"POST /servers/good/drain HTTP/1.1\r\nHost: w\r\n"
     # No token, a body announced of a terabyte that never comes: refused at once, unread.
     refused = _raw(endpoint.url, action + b"Content-Length: 1000000000000\r\n\r\n")
     assert refused.startswith(b"HTTP/1.1 401 ")
@@ -429,7 +429,7 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
     assert victim.read_text() == "precious\n", "the record was written through a planted link"
     assert not (state / "daemon.json").is_symlink()
     assert e.post("/servers/s/drain", "attacker-chosen-token-0123456789").status_code == 401
-    assert e.post("/servers/s/undrain", e.token).status_code == 202
+    assert e.post("/servers/s/drain", e.token).status_code == 202
     for name in ("api-token", "daemon.json", "history.db"):
         mode = stat.S_IMODE((state / name).stat().st_mode)
         assert mode == 0o600, (name, oct(mode))

@@ -117,6 +117,12 @@ def test_the_page_is_served_with_its_policy_and_read_only() -> None:
         assert r.text.count('<section class="server') == 8  # one per state
         assert httpx.post(url + "/", timeout=10).status_code == 405
         assert httpx.get(url + "/?x=1", timeout=10).status_code == 200
+        # Gzipped to a client that accepts it (browsers do), the same page once unpacked.
+        plain = httpx.get(url + "/", headers={"Accept-Encoding": "identity"}, timeout=10)
+        assert "content-encoding" not in plain.headers
+        assert r.headers["content-encoding"] == "gzip" and r.headers["vary"] == "Accept-Encoding"
+        assert int(r.headers["content-length"]) < len(plain.content) / 3
+        assert r.text == plain.text
     finally:
         server.shutdown()
         server.server_close()

@@ -99,6 +99,8 @@ class Daemon:
         self._active_cv = threading.Condition()
         self.metrics = Metrics(self.status)
         self.days = Days(self.store, lambda: self.interval, clock, monotonic)
+        self._page_lock = threading.Lock()
+        self._page: tuple[float, str] = (0.0, "")  # (when rendered, monotonic; the page)
         ladder = Ladder(
             system=self.system,
             table=self.table,
@@ -177,8 +179,18 @@ class Daemon:
         }
 
     def page(self) -> str:
-        doc, days = self.status(), self.days.of(list(self.cycles))
-        return render(doc, days, self.clock(), refresh_s(self.interval))
+        """The status page, rendered at most once per its own reload period (one render at a
+        time; whoever asks meanwhile gets the last): reloads, however many, cost the probing
+        one render a period, not one each. The page says the time it was rendered."""
+        with self._page_lock:
+            at, html = self._page
+            mono, every = self.monotonic(), refresh_s(self.interval)
+            if html and 0 <= mono - at < every:
+                return html
+            doc, days = self.status(), self.days.of(list(self.cycles))
+            html = render(doc, days, self.clock(), every)
+            self._page = (self.monotonic(), html)
+            return html
 
     def prometheus(self) -> tuple[bytes, str]:
         return self.metrics.exposition()

@@ -185,13 +185,25 @@ class Days:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, servers: Sequence[str]) -> dict[str, Day]:
+        """Each server's day. A server not read yet is read now; of those older than fresh_s,
+        only the stalest is read again per call: twenty servers' days are never all read at
+        once (the probing shares the interpreter with this)."""
         with self._lock:
-            return {name: self._one(name, self.clock(), self.monotonic()) for name in servers}
+            now, mono = self.clock(), self.monotonic()
+            stale = [
+                (mono - kept[0], name)
+                for name in servers
+                if (kept := self._kept.get(name)) is not None
+                and not 0 <= mono - kept[0] < self.fresh_s
+            ]
+            if stale:
+                self._read(max(stale)[1], now, mono)
+            for name in servers:
+                if name not in self._kept:
+                    self._read(name, now, mono)
+            return {name: self._kept[name][1] for name in servers}
 
-    def _one(self, server: str, now: float, mono: float) -> Day:
-        kept = self._kept.get(server)
-        if kept is not None and 0 <= mono - kept[0] < self.fresh_s:
-            return kept[1]
+    def _read(self, server: str, now: float, mono: float) -> Day:
         try:
             day = read_day(self.store, server, now, self.step())
         except (ValueError, TypeError) as exc:  # a value in the history of the wrong type
