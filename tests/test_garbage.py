@@ -5,6 +5,7 @@ tested is the code path the daemon runs."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from mlx_watchdog.sense.findings import ProbeFinding
 from mlx_watchdog.sense.load import LoadReader, parse_prometheus, read_report
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import Probe
+from tests.conftest import mlx_watchdog
 
 PROBE = ProbeSettings(slow_after=0.5, wedge_after=1.0, hard_timeout=5.0, models_timeout=2.0)
 MODELS_FINDINGS = {"ok", "http_error", "empty_body", "invalid_json", "not_listed", "too_large"}
@@ -257,3 +259,56 @@ def test_an_answered_probes_shorter_keep_is_written_with_the_next_probe(tmp_path
     left.add(second, keep_for=600.0)
     now[0] += 3.0
     assert left.load() == [second]
+
+
+@pytest.mark.parametrize("planted", ["link", "folder", "fifo"])
+def test_a_lock_file_that_is_not_one_is_named_not_a_traceback(tmp_path: Path, planted: str) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    lock = state / "daemon.lock"
+    if planted == "link":
+        lock.symlink_to(tmp_path / "elsewhere")
+    elif planted == "folder":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        f'[watchdog]\nstate_dir = "{state}"\nlisten = "off"\n'
+        '[[server]]\nurl = "http://127.0.0.1:9"\n'
+    )
+    run = mlx_watchdog("run", "--config", str(cfg), timeout=30)
+    assert run.returncode == 3, run.stderr
+    assert f"{lock} is not" in run.stderr and "remove it" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_the_process_record_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    from mlx_watchdog.act.managers import System
+    from mlx_watchdog.act.managers.process import ProcessManager
+    from mlx_watchdog.config import ServerConfig
+    from tests.builders import badserver_argv
+    from tests.conftest import free_port
+
+    victim = tmp_path / "precious"
+    victim.write_text("precious\n")
+    record = tmp_path / "process-s.json"
+    record.symlink_to(victim)
+    port = free_port()
+    server = ServerConfig(
+        name="s",
+        url=f"http://127.0.0.1:{port}",
+        match="badserver",
+        manager="process",
+        command=tuple(badserver_argv(port)),
+    )
+    m = ProcessManager(server, System(), record)
+    m.start()
+    try:
+        assert victim.read_text() == "precious\n"
+        assert not record.is_symlink() and str(m.pid()) in record.read_text()
+        again = ProcessManager(server, System(), record)
+        again.start()  # adopts its own child from the record
+        assert again.pid() == m.pid()
+    finally:
+        m.stop()

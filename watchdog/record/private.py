@@ -87,7 +87,16 @@ def hold_lock(path: Path) -> int:
     """An exclusive lock on `path`, held while the returned descriptor is open. The kernel
     releases it on any exit (kill -9 included), so a service manager's relaunch takes it."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:  # a link (ELOOP), a folder (EISDIR), a FIFO with no reader...
+        raise UnsafeState(
+            f"{path} is not the watchdog's lock file ({exc.strerror}); remove it and start again"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeState(f"{path} is not a regular file (a FIFO or a device); remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -17,7 +17,7 @@ import psutil
 
 from mlx_watchdog.act.managers import Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.files import open_append
+from mlx_watchdog.sense.files import create_new, open_append, open_regular
 
 
 class ProcessManager:
@@ -133,13 +133,15 @@ class ProcessManager:
         try:
             created = psutil.Process(pid).create_time()
             self.record.parent.mkdir(parents=True, exist_ok=True)
-            self.record.write_text(json.dumps({"pid": pid, "create_time": created}))
+            with create_new(self.record, 0o600) as fh:  # never through a planted link
+                fh.write(json.dumps({"pid": pid, "create_time": created}).encode())
         except (psutil.Error, OSError):
             pass  # without the record a restarted watchdog spawns anew instead of adopting
 
     def _adoptable(self) -> int | None:
         try:
-            data = json.loads(self.record.read_text())
+            with open_regular(self.record, follow=False) as fh:
+                data = json.loads(fh.read(4096))
             pid, created = int(data["pid"]), float(data["create_time"])
             proc = psutil.Process(pid)
             same = abs(proc.create_time() - created) < 0.01 and self.system.alive(pid)
