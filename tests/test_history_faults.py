@@ -164,3 +164,44 @@ def test_a_daemon_starting_while_the_history_is_locked_waits_for_it(tmp_path: Pa
     again = Store(path)
     assert [e.kind for e in again.events("s")] == ["detected"]
     again.close()
+
+
+def test_text_where_the_history_holds_numbers_is_left_unread(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """SQLite keeps what it is given: an edited history with text for a time to first token, a
+    probe's time and a restart's cost stopped `run` from starting. Such rows are left unread;
+    the daemon starts, judges, and its page and status answer."""
+    import httpx
+
+    ok = BadByPidfile(tmp_path, "ok")
+    try:
+        raw = command_config(tmp_path, ok)
+        raw["watchdog"]["listen"] = "127.0.0.1:0"  # type: ignore[index]
+        config = parse_config(raw)
+        db = config.watchdog.state_dir / "history.db"
+        Store(db).close()
+        now = time.time()
+        con = sqlite3.connect(db)
+        with con:
+            for at, ttft in ((now - 60, "fast"), ("yesterday", 0.2), (now - 30, 0.3)):
+                con.execute(
+                    "INSERT INTO probes (server, at, state, reason, ttft_s, waited_s, evidence)"
+                    " VALUES ('bad', ?, 'healthy', 'r', ?, NULL, '{}')",
+                    (at, ttft),
+                )
+            con.execute(
+                "INSERT INTO restarts (server, at, trigger, outcome, served_s) "
+                "VALUES ('bad', ?, 'wedged', 'recovered', 'soon')",
+                (now - 600,),
+            )
+        con.close()
+        t = run_daemon(Daemon(config))
+        cycle = t.daemon.cycles["bad"]
+        until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 20, "healthy")
+        assert t.daemon.store.ttfts("bad", 0.0)[0] == (now - 30, 0.3)  # the readable one
+        port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=20).status_code == 200
+        assert t.daemon.status()["servers"][0]["state"] == "healthy"
+    finally:
+        ok.kill()

@@ -49,6 +49,13 @@ __all__ = [
 ]
 
 
+
+def number(column: str) -> str:
+    """SQL that is true when `column` holds a number: a history someone edited may hold text
+    where a number belongs (SQLite keeps what it is given), and such a row is left unread
+    rather than stopping the watchdog (text also compares greater than any number there)."""
+    return f"typeof({column}) IN ('integer', 'real')"
+
 class Store:
     def __init__(
         self, path: Path | None, *, clock: Callable[[], float] = time.time, behind: bool = False
@@ -150,8 +157,8 @@ class Store:
     def ttfts(self, server: str, since: float) -> list[tuple[float, float]]:
         """(when, time to first token) of the probes since then that got a token."""
         rows = self._rows(
-            "SELECT at, ttft_s FROM probes WHERE server = ? AND at >= ? AND ttft_s IS NOT NULL"
-            " ORDER BY at",
+            "SELECT at, ttft_s FROM probes WHERE server = ? AND at >= ? AND "
+            f"{number('at')} AND {number('ttft_s')} ORDER BY at",
             (server, since),
         )
         return [(float(r[0]), float(r[1])) for r in rows]
@@ -160,7 +167,8 @@ class Store:
         """(when, state, time to first token or None) of the probes since then: the page's
         day, without reading each probe's evidence."""
         rows = self._rows(
-            "SELECT at, state, ttft_s FROM probes WHERE server = ? AND at >= ? ORDER BY at",
+            f"SELECT at, state, CASE WHEN {number('ttft_s')} THEN ttft_s END FROM probes "
+            f"WHERE server = ? AND at >= ? AND {number('at')} ORDER BY at",
             (server, since),
         )
         return [(float(r[0]), str(r[1]), None if r[2] is None else float(r[2])) for r in rows]
@@ -173,7 +181,9 @@ class Store:
 
     def last_token_at(self, server: str) -> float | None:
         rows = self._rows(
-            "SELECT MAX(at) FROM probes WHERE server = ? AND ttft_s IS NOT NULL", (server,)
+            f"SELECT MAX(at) FROM probes WHERE server = ? AND {number('ttft_s')} "
+            f"AND {number('at')}",
+            (server,),
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
@@ -328,8 +338,8 @@ class Store:
     def restart_costs(self, server: str, n: int) -> list[float]:
         """The last `n` times from a restart to its first token, oldest first."""
         rows = self._rows(
-            "SELECT served_s FROM restarts WHERE server = ? AND served_s > 0 "
-            "ORDER BY at DESC LIMIT ?",
+            f"SELECT served_s FROM restarts WHERE server = ? AND {number('served_s')} "
+            "AND served_s > 0 ORDER BY at DESC LIMIT ?",
             (server, n),
         )
         return [float(r["served_s"]) for r in reversed(rows)]
