@@ -171,7 +171,7 @@ def test_text_where_the_history_holds_numbers_is_left_unread(
 ) -> None:
     """SQLite keeps what it is given: an edited history with text for a time to first token, a
     probe's time and a restart's cost stopped `run` from starting. Such rows are left unread;
-    the daemon starts, judges, and its page and status answer."""
+    the daemon starts and judges, status answers, and the page says what it could not read."""
     import httpx
 
     ok = BadByPidfile(tmp_path, "ok")
@@ -201,7 +201,8 @@ def test_text_where_the_history_holds_numbers_is_left_unread(
         until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 20, "healthy")
         assert t.daemon.store.ttfts("bad", 0.0)[0] == (now - 30, 0.3)  # the readable one
         port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
-        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=20).status_code == 200
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=20)
+        assert page.status_code == 200 and "history unreadable" in page.text
         assert t.daemon.status()["servers"][0]["state"] == "healthy"
     finally:
         ok.kill()

@@ -49,12 +49,13 @@ __all__ = [
 ]
 
 
-
 def number(column: str) -> str:
     """SQL that is true when `column` holds a number: a history someone edited may hold text
-    where a number belongs (SQLite keeps what it is given), and such a row is left unread
-    rather than stopping the watchdog (text also compares greater than any number there)."""
+    where a number belongs (SQLite keeps what it is given). What the daemon loads to run is
+    read through this, so such a row is left unread rather than stopping the watchdog (text
+    also compares greater than any number there); the page's day says it instead."""
     return f"typeof({column}) IN ('integer', 'real')"
+
 
 class Store:
     def __init__(
@@ -167,8 +168,8 @@ class Store:
         """(when, state, time to first token or None) of the probes since then: the page's
         day, without reading each probe's evidence."""
         rows = self._rows(
-            f"SELECT at, state, CASE WHEN {number('ttft_s')} THEN ttft_s END FROM probes "
-            f"WHERE server = ? AND at >= ? AND {number('at')} ORDER BY at",
+            # Unfiltered: a value of the wrong type here is said on the page (serve/day.py).
+            "SELECT at, state, ttft_s FROM probes WHERE server = ? AND at >= ? ORDER BY at",
             (server, since),
         )
         return [(float(r[0]), str(r[1]), None if r[2] is None else float(r[2])) for r in rows]
