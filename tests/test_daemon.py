@@ -363,6 +363,10 @@ def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
         assert proc.wait(30) == 0
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
     assert not listens(port)
+    # status from the history: the server it stopped is not shown as running with its PID.
+    shown = mlx_watchdog("status", "--config", str(cfg))
+    assert shown.returncode == 3 and f"{child} (gone)" in shown.stdout, shown.stdout
+    assert "was healthy," in shown.stdout
 
 
 def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(

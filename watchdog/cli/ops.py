@@ -118,6 +118,7 @@ def _status_view(doc: dict[str, Any]) -> Group:
     from rich.table import Table
 
     now = time.time()
+    live = bool(doc["watchdog"].get("running"))
     table = Table(box=None, padding=(0, 1), header_style="dim")
     for column in ("server", "state", "last token", "TTFT p50/p95", "restarts", "left", "PID"):
         table.add_column(column, no_wrap=True)
@@ -125,15 +126,25 @@ def _status_view(doc: dict[str, Any]) -> Group:
     notes = []
     for s in doc["servers"]:
         state = s["state"]
+        shown = f"[{STATE_STYLE.get(state, 'bold')}]{state}[/]"
+        pid, rss = s.get("pid"), s.get("rss_bytes")
+        pid_cell = "-" if pid is None else str(pid)
+        rss_cell = "-" if rss is None else f"{rss / 2**20:.0f} MiB"
+        if not live:
+            # The last recorded probe, not the server now: said as such, and a PID that has
+            # exited since (the watchdog stopped its own server, say) is said gone.
+            shown = f"[dim]was {state}, {_ago(s.get('judged_at'), now)}[/]"
+            if pid is not None and not _alive(pid):
+                pid_cell, rss_cell = f"{pid} (gone)", "-"
         table.add_row(
             s["name"],
-            f"[{STATE_STYLE.get(state, 'bold')}]{state}[/]",
+            shown,
             _ago(s.get("last_token_at"), now),
             f"{_ms(s.get('ttft_p50_s'))}/{_ms(s.get('ttft_p95_s'))} ms",
             str(s["restarts_24h"]),
             str(s["budget_left"]),
-            "-" if s.get("pid") is None else str(s["pid"]),
-            "-" if s.get("rss_bytes") is None else f"{s['rss_bytes'] / 2**20:.0f} MiB",
+            pid_cell,
+            rss_cell,
         )
         flags = [f for f in ("draining", "restarting") if s.get(f)]
         notes.append(
@@ -170,6 +181,15 @@ def _status_view(doc: dict[str, Any]) -> Group:
     if w.get("history_problem"):
         notes.append(f"[bold red]history:[/] {escape(w['history_problem'])}")
     return Group(head, table, *notes)
+
+
+def _alive(pid: object) -> bool:
+    import psutil
+
+    try:
+        return isinstance(pid, int) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _ago(at: float | None, now: float) -> str:
