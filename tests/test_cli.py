@@ -216,7 +216,10 @@ def test_help_and_version_still_exit_0() -> None:
 
 
 def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
+    """Into a pipe (a `| tee`, a log), each refresh is printed as it comes, not held back
+    until the end; Ctrl-C ends it between two refreshes."""
     import signal
+    import threading
 
     from mlx_watchdog.sense.stack import Stacker
 
@@ -229,6 +232,9 @@ def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
         text=True,
         env={**os.environ, "COLUMNS": "120"},
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")))  # type: ignore[union-attr]
+    reader.start()
 
     def refreshing() -> bool:
         """Its stack (py-spy) is in the refresh loop's wait between two refreshes. A fixed
@@ -238,16 +244,22 @@ def test_status_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
         return any("status" in t.frames and "Event.wait" in t.frames for t in main)
 
     try:
+        until(lambda: sum("not running" in line for line in lines) >= 2, 60, "two refreshes")
         until(refreshing, 60, "status --watch in its refresh loop")
         assert proc.poll() is None  # it keeps refreshing until Ctrl-C
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        err = proc.stderr.read()  # type: ignore[union-attr]
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        proc.wait()
+        reader.join(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+    out = "".join(lines)
     assert proc.returncode == 3, err  # the watchdog is not running
-    assert "not running" in out and "mlx-8080" in out and "Traceback" not in err
+    assert "mlx-8080" in out and "Traceback" not in err
 
 
 def test_a_measurement_across_a_replaced_server_is_not_kept(

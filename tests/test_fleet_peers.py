@@ -276,3 +276,18 @@ def test_the_token_is_not_sent_to_a_plain_http_peer_beyond_loopback(tmp_path: Pa
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_rows_into_a_pipe_are_whole(bad_server: Callable[..., Running]) -> None:
+    """As kubectl's and docker's: piped, no column is cut to a terminal's width."""
+    peer = bad_server("ok")
+    reason = "wedged: no token for 61.0 s while /v1/models answers 200; " + "evidence " * 8
+    doc = {
+        "watchdog": {"running": True},
+        "servers": [{"name": "m", "state": "wedged", "exit_code": 2, "reason": reason}],
+    }
+    _answer(peer, doc)
+    piped = mlx_watchdog("fleet", peer.url, env={"COLUMNS": ""})
+    assert reason.strip() in piped.stdout, piped.stdout
+    narrow = mlx_watchdog("fleet", peer.url, env={"COLUMNS": "100"})
+    assert reason.strip() not in narrow.stdout  # a terminal of 100 columns: cut to fit

@@ -5,6 +5,7 @@ rich is imported on first use: a command that prints JSON, and `--help`, never p
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from mlx_watchdog.config import Config, ServerConfig
 
 
+PIPE_WIDTH = 1000
+
+
 class _LazyConsole:
     def __init__(self, stderr: bool) -> None:
         self._stderr = stderr
@@ -31,7 +35,12 @@ class _LazyConsole:
 
     def get(self) -> Console:
         if self._console is None:
-            self._console = safe_console(stderr=self._stderr, highlight=False)
+            stream = sys.stderr if self._stderr else sys.stdout
+            # Into a pipe or a file, rows are not cut to 80 columns (as kubectl and docker
+            # keep theirs): whatever reads them gets them whole. COLUMNS still rules.
+            piped = not stream.isatty() and not os.environ.get("COLUMNS")
+            width = {"width": PIPE_WIDTH} if piped else {}
+            self._console = safe_console(stderr=self._stderr, highlight=False, **width)
         return self._console
 
     def __getattr__(self, name: str) -> Any:

@@ -111,7 +111,7 @@ def fleet(
 def _print(table: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    from mlx_watchdog.cli.app import STATE_STYLE, escape, out
+    from mlx_watchdog.cli.app import PIPE_WIDTH, STATE_STYLE, escape, out
 
     view = Table(box=None, padding=(0, 1), header_style="dim")
     for column in (
@@ -126,17 +126,19 @@ def _print(table: list[dict[str, Any]]) -> None:
         key = {"machine": "machine", "server": "server", "state": "state"}.get(column)
         widest = max((len(str(r.get(key, ""))) for r in table), default=0) if key else 0
         view.add_column(column, no_wrap=True, min_width=max(len(column), widest))
-    view.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=44)
+    # Cut to fit a terminal; whole into a pipe (the console is wide there).
+    wide = out.width >= PIPE_WIDTH
+    view.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=None if wide else 44)
     for r in table:
         style = STATE_STYLE.get(r["state"], "bold red")
         view.add_row(
             escape(r["machine"]),
             escape(r["server"]),
             f"[{style}]{r['state']}[/]",
-            str(r.get("restarts_24h", "-")),
-            str(r.get("incidents_24h", "-")),
-            str(r.get("gave_up_per_hour", "-")),
-            str(r.get("budget_left", "-")),
+            *(
+                "-" if r.get(k) is None else str(r[k])
+                for k in ("restarts_24h", "incidents_24h", "gave_up_per_hour", "budget_left")
+            ),
             escape(str(r.get("reason") or r.get("why", ""))),
         )
     out.print(view)

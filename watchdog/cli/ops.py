@@ -66,10 +66,18 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        with Live(_status_view(doc), console=out.get(), auto_refresh=False) as live:
+        if not out.is_terminal:  # into a pipe: each refresh printed after the last
+            out.print(_status_view(doc))
             while not stop.wait(2.0):
                 doc = fetch()
-                live.update(_status_view(doc), refresh=True)
+                out.print()
+                out.print(_status_view(doc))
+                out.file.flush()
+        else:
+            with Live(_status_view(doc), console=out.get(), auto_refresh=False) as live:
+                while not stop.wait(2.0):
+                    doc = fetch()
+                    live.update(_status_view(doc), refresh=True)
     else:
         out.print(_status_view(doc))
     sys.exit(_status_exit(doc))
