@@ -533,6 +533,13 @@ def test_a_persons_restart_never_repeats_the_watchdogs_and_reports_how_it_ended(
         assert restarts_in(db) == [("wedged", "recovered"), ("manual", "recovered")]
         quick = cli(cfg, "restart", "bad", "--no-wait")
         assert quick.returncode == 1 and "serves again" in quick.stderr
+        said = cli(cfg, "restart", "bad", "--no-wait", "--json")
+        assert said.returncode == 1 and json.loads(said.stdout)["done"] is False
+        assert "serves again" in json.loads(said.stdout)["refused"]
+        drained = cli(cfg, "drain", "bad", "--json")
+        assert drained.returncode == 0 and json.loads(drained.stdout)["done"] is True
+        again = cli(cfg, "drain", "bad", "--json")
+        assert again.returncode == 1 and "drained already" in json.loads(again.stdout)["refused"]
     finally:
         proc.terminate()
         assert proc.wait(30) == 0

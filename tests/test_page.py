@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import json
 import re
 import stat
 import sys
@@ -212,6 +213,9 @@ def test_open_starts_the_browser_on_the_page(
     assert done.returncode == 0, done.stderr
     assert seen.read_text() == f"http://127.0.0.1:{port}/"  # a wildcard opens on loopback
     assert f"opened http://127.0.0.1:{port}/" in done.stdout
+    as_json = mlx_watchdog("open", "--config", str(cfg), "--print-url", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {"url": f"http://127.0.0.1:{port}/", "opened": False}
     printed = mlx_watchdog("open", "--config", str(cfg), "--print-url")
     assert printed.returncode == 0 and printed.stdout.strip() == f"http://127.0.0.1:{port}/"
     assert "<title>" in httpx.get(printed.stdout.strip(), timeout=10).text

@@ -86,7 +86,8 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
 @click.command("open")
 @config_option
 @click.option("--print-url", is_flag=True, help="Print the page's address; open no browser.")
-def open_page(config_path: Path | None, print_url: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the address and what was done.")
+def open_page(config_path: Path | None, print_url: bool, as_json: bool) -> None:
     """Open the running watchdog's status page (its endpoint's /) in the browser.
 
     The page is read-only and refreshes by itself; it needs the watchdog running with its
@@ -106,10 +107,15 @@ def open_page(config_path: Path | None, print_url: bool) -> None:
     except NoPage as exc:
         err.print(f"no status page: {escape(str(exc))}")
         sys.exit(1)
-    if print_url:
+    if print_url and as_json:
+        _json_out({"url": url, "opened": False})
+    elif print_url:
         click.echo(url)
     elif webbrowser.open(url):
-        click.echo(f"opened {url}")
+        if as_json:
+            _json_out({"url": url, "opened": True})
+        else:
+            click.echo(f"opened {url}")
     else:
         err.print(f"no browser could be started here; the page is at {url}")
         sys.exit(1)
@@ -370,7 +376,8 @@ def _action(action: str) -> click.Command:
         hidden=action != "restart",
         help="Return once the watchdog has the request, without waiting for the restart's end.",
     )
-    def command(config_path: Path | None, name: str, no_wait: bool) -> None:
+    @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+    def command(config_path: Path | None, name: str, no_wait: bool, as_json: bool) -> None:
         from mlx_watchdog.config import ConfigError
         from mlx_watchdog.serve.client import ActionRefused, DaemonNotRunning, act
 
@@ -388,22 +395,38 @@ def _action(action: str) -> click.Command:
             err.print(f"[red]error:[/red] {escape(said)}")
             sys.exit(UNKNOWN_EXIT)
         except ActionRefused as exc:
+            if as_json:
+                _json_out({"server": name, "action": action, "done": False, "refused": str(exc)})
+                sys.exit(1)
             raise click.ClickException(str(exc)) from None
         if action != "restart" or no_wait:
-            echo(message)
+            if as_json:
+                _json_out({"server": name, "action": action, "done": True, "message": message})
+            else:
+                echo(message)
             return
         restart, drain = server.restart, server.restart.drain_timeout if server.restart.drain else 0
         bound = drain + restart.stop_grace + restart.command_timeout + server.probe.startup_grace
-        sys.exit(
-            _await_restart(cfg, name, asked, bound + 2 * cfg.watchdog.interval + 10, config_path)
-        )
+        limit = bound + 2 * cfg.watchdog.interval + 10
+        sys.exit(_await_restart(cfg, name, asked, limit, config_path, as_json))
 
     command.__doc__ = help_text
     return click.command(action, help=help_text)(command)
 
 
+def _json_out(doc: dict[str, Any]) -> None:
+    import json
+
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
 def _await_restart(
-    cfg: Any, name: str, asked: float, bound: float, config_path: Path | None = None
+    cfg: Any,
+    name: str,
+    asked: float,
+    bound: float,
+    config_path: Path | None = None,
+    as_json: bool = False,
 ) -> int:
     """Follow the asked restart in the daemon's status until it ends; say how, and the exit
     code: 0 it serves again, 2 it does not, 3 the watchdog cannot tell."""
@@ -424,6 +447,19 @@ def _await_restart(
         at, outcome = last.get("at"), last.get("outcome")
         if isinstance(at, (int, float)) and at >= asked - 1 and outcome is not None:
             took = float(last.get("finished_at") or at) - at
+            code = 0 if outcome == "recovered" else UNKNOWN_EXIT if outcome == "interrupted" else 2
+            if as_json:
+                _json_out(
+                    {
+                        "server": name,
+                        "action": "restart",
+                        "done": True,
+                        "outcome": outcome,
+                        "took_s": round(took, 1),
+                        "reason": server.get("reason"),
+                    }
+                )
+                return code
             if outcome == "recovered":
                 click.echo(f"restarted {name}: serving again after {took:.1f} s")
                 return 0
@@ -432,6 +468,8 @@ def _await_restart(
         time.sleep(0.5)
     said = f"the restart of {name} had not ended after {bound:.0f} s; see `mlx-watchdog status`"
     err.print(escape(suggest(said, config_path)))
+    if as_json:
+        _json_out({"server": name, "action": "restart", "done": False, "outcome": None})
     return UNKNOWN_EXIT
 
 
