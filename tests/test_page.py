@@ -396,3 +396,40 @@ def test_the_page_names_the_cause_and_the_next_step() -> None:
         "&lt;b&gt;list&lt;/b&gt;). Next: report it upstream" in html
     )
     assert html.count("Cause: ") == 1
+
+
+def test_a_fresh_watchdogs_charts_span_the_last_hour_not_a_day() -> None:
+    from mlx_watchdog.serve.page import uptime
+
+    store = Store(None)
+    for k in range(40):  # 20 minutes of probes every 30 s: healthy, then 5 min wedged
+        state = "wedged" if k >= 30 else "healthy"
+        ttft = None if state == "wedged" else 0.2
+        store.record_probe("srv-healthy", NOW - 1200 + 30 * k, state, "r", {"ttft_s": ttft})
+    days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-healthy"])
+    html = render(status_doc(NOW, ("healthy",)), days, NOW, 10)
+    assert "State, last hour" in html and "Time to first token of each probe, last hour" in html
+    assert "last 24 hours (" not in html.split("Per hour")[0]
+    up = uptime(days["srv-healthy"])
+    assert up is not None and 0.6 < up < 0.8  # 15 of the 20 probed minutes served
+    assert f"{100 * up:.2f} %" in html
+
+
+def test_the_page_shows_where_the_server_is_and_what_to_do_when_held() -> None:
+    store = Store(None)
+    a_day(store, "srv-wedged", NOW)
+    days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged"])
+    doc = status_doc(NOW, ("wedged",))
+    s = doc["servers"][0]  # type: ignore[index]
+    s.update(
+        pid=4242,
+        rss_bytes=3 << 30,
+        models_finding="empty_body",
+        needs_person="3 restarts in the last 3600 s did not help",
+    )
+    html = render(doc, days, NOW, 10)
+    for shown in (s["url"], "4242", "3072 MiB", "empty_body", str(s["manager"])):
+        assert f"<dd>{shown}</dd>" in html, shown
+    assert "last 24 hours" in html  # a day of history: a day's span
+    assert "Next: once the cause is dealt with" in html
+    assert "mlx-watchdog restart srv-wedged" in html

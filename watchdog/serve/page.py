@@ -12,11 +12,12 @@ import base64
 import hashlib
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from html import escape
 from typing import Any
 
 from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
-from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, State
+from mlx_watchdog.judge.states import SERVING_STATES, SHOWN_STATES, UNKNOWN, State
 from mlx_watchdog.record.tally import DAY
 from mlx_watchdog.serve.day import HOUR, Day, lines_of
 
@@ -34,7 +35,7 @@ section.server{border:1px solid var(--line);border-left-width:.5rem;border-radiu
 .badge{display:inline-block;padding:0 .5rem;border-radius:1rem;color:#fff;font-weight:600;margin-right:.4rem}
 .alert{border:1px solid #c62828;border-radius:.3rem;padding:.3rem .6rem;margin:.4rem 0}
 dl.numbers{display:grid;grid-template-columns:repeat(auto-fill,minmax(8rem,1fr));gap:.3rem 1rem;margin:.6rem 0}
-dl.numbers div{min-width:0}dt{color:var(--muted);font-size:.8rem}dd{margin:0;font-weight:600}
+dl.numbers div{min-width:0}dt{color:var(--muted);font-size:.8rem}dd{margin:0;font-weight:600;overflow-wrap:anywhere}
 figure{margin:.6rem 0}svg{display:block;width:100%;height:auto;overflow:visible}
 svg text{fill:var(--muted);font-size:10px}svg line{stroke:var(--line)}
 table{border-collapse:collapse;width:100%;font-size:.9rem}th,td{text-align:left;padding:.2rem .4rem;border-bottom:1px solid var(--line);vertical-align:top}
@@ -120,9 +121,9 @@ def _server(s: dict[str, Any], day: Day, now: float) -> str:
 <h2><span class="badge s-{state}">{state}</span>{name}</h2>
 <p class="reason">{escape(str(s["reason"]))}</p>
 {"".join(_notes(s))}
-{_numbers(s, now)}
-{_timeline(day)}
-{_ttft_chart(day)}
+{_numbers(s, now, day)}
+{_timeline(_fit(day))}
+{_ttft_chart(_fit(day))}
 {_hourly(day)}
 {_incidents(day, now)}
 {_advice(s["name"], day, now)}
@@ -132,7 +133,10 @@ def _server(s: dict[str, Any], day: Day, now: float) -> str:
 
 def _notes(s: dict[str, Any]) -> Iterable[str]:
     if s.get("needs_person"):
-        yield f'<p class="alert">A person is needed: {escape(str(s["needs_person"]))}</p>'
+        yield (
+            f'<p class="alert">A person is needed: {escape(str(s["needs_person"]))}. '
+            f"Next: {escape(_after_hold(str(s['name'])))}</p>"
+        )
     if s.get("restarting"):
         yield '<p class="alert">Restarting now.</p>'
     if s.get("draining"):
@@ -162,6 +166,13 @@ def _notes(s: dict[str, Any]) -> Iterable[str]:
         yield f'<p class="note">Its log: {escape(_cut(str(s["server_prefill"])))}</p>'
 
 
+def _after_hold(name: str) -> str:
+    return (
+        "once the cause is dealt with, a healthy probe ends the hold by itself; to restart it "
+        f"now: mlx-watchdog restart {name} (the history: mlx-watchdog history --server {name})"
+    )
+
+
 def _cause(value: object) -> Cause | None:
     try:
         return Cause(str(value)) if value else None
@@ -169,7 +180,17 @@ def _cause(value: object) -> Cause | None:
         return None
 
 
-def _numbers(s: dict[str, Any], now: float) -> str:
+def uptime(day: Day) -> float | None:
+    """The share of the probed time of the day spent serving (healthy, slow or busy); None
+    with nothing probed. Time not probed (the watchdog not running) counts for neither."""
+    probed = sum(r.end - r.start for r in day.runs)
+    if probed <= 0:
+        return None
+    serving = sum(r.end - r.start for r in day.runs if r.state in SERVING_STATES)
+    return serving / probed
+
+
+def _numbers(s: dict[str, Any], now: float, day: Day) -> str:
     last = s.get("last_token_at")
     p50, p95 = s.get("ttft_p50_s"), s.get("ttft_p95_s")
     ttft = "none in the last hour" if p50 is None else f"{p50:.2f} s / {p95:.2f} s"
@@ -185,6 +206,12 @@ def _numbers(s: dict[str, Any], now: float) -> str:
             "in the state since",
             "-" if s.get("state_since") is None else _ago(now - s["state_since"]),
         ),
+        ("serving (24 h)", "-" if (up := uptime(day)) is None else f"{100 * up:.2f} %"),
+        ("address", str(s.get("url") or "-")),
+        ("manager", str(s.get("manager") or "-")),
+        ("PID", "-" if s.get("pid") is None else str(s["pid"])),
+        ("memory", "-" if s.get("rss_bytes") is None else f"{s['rss_bytes'] / 2**20:.0f} MiB"),
+        ("/v1/models", str(s.get("models_finding") or "-")),
     ]
     cells = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in items)
     return f'<dl class="numbers">{cells}</dl>'
@@ -195,12 +222,29 @@ def _x(at: float, day: Day) -> float:
     return round(min(WIDTH, max(0.0, (at - day.since) / span * WIDTH)), 1)
 
 
+def _fit(day: Day) -> Day:
+    """The charts' span fits what there is: the last hour while everything seen is younger
+    than that (a fresh watchdog's first minutes are not a sliver at the right of a day)."""
+    starts = [r.start for r in day.runs] + [at for at, _ in day.ttfts]
+    if starts and day.until - min(starts) < HOUR:
+        return replace(day, since=day.until - HOUR)
+    return day
+
+
+def _span(day: Day) -> str:
+    return "last hour" if day.until - day.since <= HOUR else "last 24 hours"
+
+
 def _axis(day: Day, y: int) -> str:
-    """A tick and a clock label every six hours of the watchdog's local time."""
+    """A tick and a clock label every six hours of the watchdog's local time (every ten
+    minutes on an hour's span)."""
     marks = []
-    first = (int(day.since // HOUR) + 1) * HOUR
-    for at in (first + k * HOUR for k in range(24)):
-        if at <= day.until and time.localtime(at).tm_hour % 6 == 0:
+    step, every = (600.0, 1) if day.until - day.since <= HOUR else (HOUR, 6)
+    first = (int(day.since // step) + 1) * step
+    for at in (first + k * step for k in range(24)):
+        local = time.localtime(at)
+        due = local.tm_hour % every == 0 if every > 1 else True
+        if at <= day.until and due:
             x = _x(at, day)
             marks.append(
                 f'<line x1="{x}" x2="{x}" y1="0" y2="{y}"/>'
@@ -220,8 +264,8 @@ def _timeline(day: Day) -> str:
     legend = "".join(f'<span><i class="s-{s}"></i>{s}</span>' for s in seen)
     return (
         f'<figure class="timeline"><svg viewBox="0 0 {WIDTH} 40" role="img" '
-        f'aria-label="state over the last 24 hours">{_axis(day, 26)}{rects}</svg>'
-        f"<figcaption>State, last 24 hours ({len(day.runs)} "
+        f'aria-label="state over the {_span(day)}">{_axis(day, 26)}{rects}</svg>'
+        f"<figcaption>State, {_span(day)} ({len(day.runs)} "
         f"stretch{'es' if len(day.runs) != 1 else ''}; blank: not probed). "
         f'<span class="legend">{legend}</span></figcaption></figure>'
     )
@@ -231,8 +275,8 @@ def _ttft_chart(day: Day) -> str:
     points = day.ttfts
     if not points:
         return (
-            '<figure class="ttft"><figcaption>Time to first token: no token in the last 24 '
-            "hours.</figcaption></figure>"
+            '<figure class="ttft"><figcaption>Time to first token: no token in the '
+            f"{_span(day)}.</figcaption></figure>"
         )
     top = max(t for _, t in points) * 1.1 or 1.0
 
@@ -253,9 +297,9 @@ def _ttft_chart(day: Day) -> str:
     )
     return (
         f'<figure class="ttft"><svg viewBox="0 0 {WIDTH} 116" role="img" '
-        f'aria-label="time to first token over the last 24 hours">{_axis(day, 102)}'
+        f'aria-label="time to first token over the {_span(day)}">{_axis(day, 102)}'
         f'<text x="2" y="9">{top:.2f} s</text><text x="2" y="99">0 s</text>{shapes}</svg>'
-        f"<figcaption>Time to first token of each probe, last 24 hours "
+        f"<figcaption>Time to first token of each probe, {_span(day)} "
         f"({day.probes_with_token} probes with a token{thinned}; a break: none for over "
         f"three probes).</figcaption></figure>"
     )
