@@ -223,3 +223,22 @@ def subprocess_run(argv: list[str]) -> None:
 
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("target", ["launchd", "systemd"])
+def test_a_system_install_is_previewed_without_sudo(
+    target: str, user: User, user_services: FakeServices
+) -> None:
+    """--dry-run changes nothing, so it needs no root: the plan is shown, as the ordinary user
+    running it, with the note that doing it needs sudo; without --dry-run it is refused."""
+    write_config(user.home)
+    user.own(user.home)
+    env = user.env(**user_services.env())
+    cli = [sys.executable, "-m", "mlx_watchdog", "install", "--target", target, "--system"]
+    preview = user.run([*cli, "--dry-run"], env)
+    assert preview.returncode == 0, preview.stderr
+    assert "a preview: installing it needs sudo" in preview.stderr
+    assert "# would write" in preview.stdout and user.name in preview.stdout
+    assert user_services.calls() == []
+    refused = user.run(cli, env)
+    assert refused.returncode != 0 and "sudo" in refused.stderr

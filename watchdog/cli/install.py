@@ -34,13 +34,16 @@ dry_run_option = click.option(
 )
 
 
-def _target(kind: str | None, system_wide: bool) -> Any:
+def _target(kind: str | None, system_wide: bool, preview: bool = False) -> Any:
     from mlx_watchdog import service
     from mlx_watchdog.act.managers import System
 
     try:
         return service.target(
-            cast(service.Kind, kind or service.default_kind()), System(), system_wide=system_wide
+            cast(service.Kind, kind or service.default_kind()),
+            System(),
+            system_wide=system_wide,
+            preview=preview,
         )
     except service.ServiceError as exc:
         raise click.ClickException(str(exc)) from None
@@ -61,8 +64,10 @@ def install(config_path: Path | None, target: str | None, system_wide: bool, dry
     from mlx_watchdog import service
     from mlx_watchdog.config import write_template
 
-    tgt = _target(target, system_wide)
-    user = _job_user(system_wide)
+    tgt = _target(target, system_wide, preview=dry_run)
+    user = _job_user(system_wide, preview=dry_run)
+    if dry_run and system_wide and os.getuid() != 0:
+        err.print("a preview: installing it needs sudo")
     path = _config_path(config_path, user)
     writable: list[Path] = []
     if path.exists():
@@ -84,13 +89,13 @@ def install(config_path: Path | None, target: str | None, system_wide: bool, dry
     _carry_out(plan, dry_run)
 
 
-def _job_user(system_wide: bool) -> JobUser | None:
+def _job_user(system_wide: bool, preview: bool = False) -> JobUser | None:
     from mlx_watchdog import service
 
     if not system_wide:
         return None
     try:
-        return service.job_user(os.environ)
+        return service.job_user(os.environ, preview=preview)
     except service.ServiceError as exc:
         raise click.ClickException(str(exc)) from None
 

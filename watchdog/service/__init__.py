@@ -98,15 +98,18 @@ def default_kind() -> Kind:
     return "launchd" if sys.platform == "darwin" else "systemd"
 
 
-def target(kind: Kind, system: System, *, system_wide: bool = False) -> Target:
-    """The target for `kind`; `system_wide` installs a LaunchDaemon or a system unit."""
+def target(
+    kind: Kind, system: System, *, system_wide: bool = False, preview: bool = False
+) -> Target:
+    """The target for `kind`; `system_wide` installs a LaunchDaemon or a system unit. A
+    `preview` (--dry-run) is shown whoever asks: only doing it needs root."""
     if kind == "launchd":
         from mlx_watchdog.service.launchd import Launchd
 
-        return Launchd(system, system_wide=system_wide)
+        return Launchd(system, system_wide=system_wide, preview=preview)
     from mlx_watchdog.service.systemd import Systemd
 
-    return Systemd(system, system_wide=system_wide)
+    return Systemd(system, system_wide=system_wide, preview=preview)
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,15 @@ class JobUser:
         return {self.gid} | {g.gr_gid for g in grp.getgrall() if self.name in g.gr_mem}
 
 
-def job_user(env: Mapping[str, str], what: str = "job") -> JobUser:
-    """The user who ran sudo, from `SUDO_USER` (sudo sets it; its `HOME` may be root's own)."""
+def job_user(env: Mapping[str, str], what: str = "job", preview: bool = False) -> JobUser:
+    """The user who ran sudo, from `SUDO_USER` (sudo sets it; its `HOME` may be root's own);
+    for a preview without sudo, the user asking."""
+    import os
     import pwd
 
     name = env.get("SUDO_USER")
+    if preview and not name and os.getuid() != 0:
+        name = pwd.getpwuid(os.getuid()).pw_name
     if not name or name == "root":
         raise ServiceError(
             f"--system runs the {what} as the user who ran sudo; run it as "

@@ -40,11 +40,12 @@ class Launchd:
     kind: Kind = "launchd"
     watchdog_label = WATCHDOG_LABEL
 
-    def __init__(self, system: System, *, system_wide: bool = False) -> None:
+    def __init__(self, system: System, *, system_wide: bool = False, preview: bool = False) -> None:
         self.system = system
         self.system_wide = system_wide
+        self.preview = preview
         self.uid = system.uid()
-        if system_wide and self.uid != 0:
+        if system_wide and self.uid != 0 and not preview:
             raise ServiceError("--system writes a LaunchDaemon: run it with sudo")
         if not system_wide and self.uid == 0:
             raise ServiceError(
@@ -76,7 +77,7 @@ class Launchd:
         """The job's user, home and (root writing for them) uid."""
         if not self.system_wide:
             return None, Path.home(), None
-        user = job_user(env)
+        user = job_user(env, preview=self.preview)
         return user.name, user.home, user.uid
 
     def _path(self, label: str, home: Path) -> Path:

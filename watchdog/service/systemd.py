@@ -71,10 +71,11 @@ class Systemd:
     kind: Kind = "systemd"
     watchdog_label = WATCHDOG_UNIT
 
-    def __init__(self, system: System, *, system_wide: bool = False) -> None:
+    def __init__(self, system: System, *, system_wide: bool = False, preview: bool = False) -> None:
         self.system = system
         self.system_wide = system_wide
-        if system_wide and system.uid() != 0:
+        self.preview = preview
+        if system_wide and system.uid() != 0 and not preview:
             raise ServiceError("--system writes a system unit: run it with sudo")
         self.domain = "system" if system_wide else "user"
         self.ctl = ("systemctl",) if system_wide else ("systemctl", "--user")
@@ -85,7 +86,7 @@ class Systemd:
     def _user(self, env: Mapping[str, str], home: Path) -> tuple[str | None, Path]:
         if not self.system_wide:
             return None, home
-        user = job_user(env, "unit")
+        user = job_user(env, "unit", preview=self.preview)
         return user.name, user.home
 
     def _path(self, label: str, env: Mapping[str, str], home: Path) -> Path:
