@@ -74,8 +74,17 @@ def test_a_runbook_base_with_template_braces_keeps_the_rules_valid(tmp_path: Pat
 
 
 def test_a_runbook_base_with_a_control_character_is_refused() -> None:
-    run = mlx_watchdog("prometheus", "rules", "--runbook-base", "a\x1bb")
+    run = mlx_watchdog("prometheus", "rules", "--runbook-base", "https://x/a\x1bb")
     assert run.returncode == 3 and "control character" in run.stderr
+
+
+def test_a_runbook_base_is_an_absolute_url_or_the_links_are_said_relative() -> None:
+    """Alertmanager makes a link only of an absolute URL."""
+    relative = mlx_watchdog("prometheus", "rules", "--runbook-base", "docs/README.md")
+    assert relative.returncode == 3 and "must be an absolute http(s) URL" in relative.stderr
+    bare = mlx_watchdog("prometheus", "rules")
+    assert bare.returncode == 0 and "runbook_url is relative" in bare.stderr
+    assert "runbook_url: \"README.md#" in bare.stdout
 
 
 def alerts() -> dict[str, dict[str, Any]]:

@@ -16,16 +16,30 @@ def prometheus() -> None:
 @prometheus.command("rules")
 @click.option(
     "--runbook-base",
-    default="README.md",
-    show_default=True,
-    help="Where the README is (e.g. its URL in your repository): each alert's runbook_url.",
+    help="The README's absolute URL (e.g. in your repository): each alert's runbook_url, a "
+    "link in Alertmanager. Without it the links are relative (README.md#...).",
 )
-def prometheus_rules(runbook_base: str) -> None:
+def prometheus_rules(runbook_base: str | None) -> None:
     """Alert and recording rules: wedged, a person needed, restarts, a silent watchdog, ..."""
-    from mlx_watchdog import fleet
+    from urllib.parse import urlsplit
 
+    from mlx_watchdog import fleet
+    from mlx_watchdog.cli.app import err
+
+    if runbook_base is None:
+        err.print(
+            "runbook_url is relative (README.md#...): no link in Alertmanager; give "
+            "--runbook-base https://.../README.md to make it one"
+        )
+    elif (
+        urlsplit(runbook_base).scheme not in ("http", "https") or not urlsplit(runbook_base).netloc
+    ):
+        raise click.UsageError(
+            f"--runbook-base {runbook_base!r} must be an absolute http(s) URL, e.g. "
+            "https://github.com/you/mlx-watchdog/blob/main/README.md"
+        )
     try:
-        text = fleet.rules(runbook_base)
+        text = fleet.rules(runbook_base or fleet.RUNBOOK)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(text, nl=False)
