@@ -290,3 +290,37 @@ def test_a_measurement_across_a_replaced_server_is_not_kept(
     with pytest.raises(SystemExit) as ended:
         unmoved([server], fail, quiet=True, failed=3, mixed="no")
     assert ended.value.code == 3 and "the server answered nothing" in capsys.readouterr().err
+
+
+def test_shell_completion_offers_the_configs_server_names(tmp_path: Path) -> None:
+    """`eval "$(_MLX_WATCHDOG_COMPLETE=bash_source mlx-watchdog)"` (the README says how): a
+    server's name completes from the config on the command line."""
+    script = Path(sys.executable).parent / "mlx-watchdog"
+    config = tmp_path / "w.toml"
+    config.write_text(
+        f'[watchdog]\nstate_dir = "{tmp_path / "s"}"\n'
+        '[[server]]\nname = "qwen-big"\nurl = "http://127.0.0.1:9"\n'
+        '[[server]]\nname = "llama"\nurl = "http://127.0.0.1:8"\n'
+    )
+
+    def complete(words: str) -> list[str]:
+        env = {
+            **os.environ,
+            "_MLX_WATCHDOG_COMPLETE": "bash_complete",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+        }
+        done = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+        return [line.split(",", 1)[1] for line in done.stdout.splitlines() if "," in line]
+
+    assert complete(f"mlx-watchdog restart --config {config} q") == ["qwen-big"]
+    assert complete(f"mlx-watchdog probe --config {config} --server ") == ["qwen-big", "llama"]
+    assert complete(f"mlx-watchdog history --config {tmp_path / 'none.toml'} --server ") == []
+    source = subprocess.run(
+        [str(script)],
+        env={**os.environ, "_MLX_WATCHDOG_COMPLETE": "bash_source"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "_mlx_watchdog_completion" in source.stdout

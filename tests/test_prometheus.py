@@ -84,7 +84,7 @@ def test_a_runbook_base_is_an_absolute_url_or_the_links_are_said_relative() -> N
     assert relative.returncode == 3 and "must be an absolute http(s) URL" in relative.stderr
     bare = mlx_watchdog("prometheus", "rules")
     assert bare.returncode == 0 and "runbook_url is relative" in bare.stderr
-    assert "runbook_url: \"README.md#" in bare.stdout
+    assert 'runbook_url: "README.md#' in bare.stdout
 
 
 def alerts() -> dict[str, dict[str, Any]]:

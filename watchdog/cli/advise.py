@@ -16,6 +16,7 @@ from mlx_watchdog.cli.app import (
     or_exit,
     out,
     pick_servers,
+    server_names,
     suggest,
     unmoved,
 )
@@ -29,7 +30,12 @@ T = TypeVar("T")
 
 @click.command()
 @config_option
-@click.option("--server", "server_name", help="The configured server to calibrate.")
+@click.option(
+    "--server",
+    "server_name",
+    shell_complete=server_names,
+    help="The configured server to calibrate.",
+)
 @click.option("--url", help="Calibrate this server URL instead of a configured one.")
 @click.option(
     "--sizes", default="1k,4k,16k", show_default=True, help="Prompt sizes to measure, in tokens."
@@ -215,7 +221,9 @@ def _print_calibration(
 
 @click.command()
 @config_option
-@click.option("--server", "server_name", help="The configured server to drill.")
+@click.option(
+    "--server", "server_name", shell_complete=server_names, help="The configured server to drill."
+)
 @click.option("--url", help="Drill this server URL instead of a configured one.")
 @click.option(
     "--prompt",

@@ -114,6 +114,19 @@ def suggest(text: str, config_path: Path | None) -> str:
     return _SUGGESTED.sub(lambda m: f"mlx-watchdog {m.group(1)} --config {where}", text)
 
 
+def server_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of a server's name, from the config the command line names (or the
+    default one); nothing when it cannot be read (a completion never prints an error)."""
+    from mlx_watchdog.config import ConfigError, load_config
+
+    given = ctx.params.get("config_path")
+    try:
+        config = load_config(Path(given) if given else None)
+    except (ConfigError, OSError):
+        return []
+    return [s.name for s in config.servers if s.name.startswith(incomplete)]
+
+
 def load_or_exit(config_path: Path | None) -> Config:
     from mlx_watchdog.config import ConfigError, load_config
 

@@ -17,6 +17,7 @@ from mlx_watchdog.cli.app import (
     escape,
     load_or_exit,
     out,
+    server_names,
     suggest,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
@@ -224,7 +225,9 @@ def _ms(value: float | None) -> str:
 @click.command()
 @config_option
 @click.option("--since", default="7d", show_default=True, help='How far back, e.g. "24h".')
-@click.option("--server", "server_name", help="Only this server's incidents.")
+@click.option(
+    "--server", "server_name", shell_complete=server_names, help="Only this server's incidents."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the incidents as JSON.")
 @click.option(
     "--show",
@@ -369,7 +372,7 @@ def _action(action: str) -> click.Command:
     }[action]
 
     @config_option
-    @click.argument("name")
+    @click.argument("name", shell_complete=server_names)
     @click.option(
         "--no-wait",
         is_flag=True,

@@ -18,6 +18,7 @@ from mlx_watchdog.cli.app import (
     load_or_exit,
     out,
     pick_servers,
+    server_names,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
 
@@ -30,7 +31,12 @@ if TYPE_CHECKING:
 @click.command()
 @config_option
 @click.option("--url", help="Probe this server URL instead of the configured ones.")
-@click.option("--server", "server_name", help="Probe only the configured server of this name.")
+@click.option(
+    "--server",
+    "server_name",
+    shell_complete=server_names,
+    help="Probe only the configured server of this name.",
+)
 @click.option("--wedge-after", help='Judge a zero-token wait this long (e.g. "20s").')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per server.")
 def probe(
