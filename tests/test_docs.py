@@ -1,0 +1,58 @@
+"""Every command the docs show exists, with every option they give it: each is checked against
+the command's own --help (a renamed option or a removed command fails here, not for a reader)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import mlx_watchdog
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+GROUPS = {"config", "prometheus", "server"}
+
+
+def shown() -> dict[tuple[str, ...], set[str]]:
+    """Each command path the docs show (in code blocks and inline code), with its options."""
+    found: dict[tuple[str, ...], set[str]] = {}
+    for doc in DOCS:
+        text = doc.read_text()
+        blocks = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+        args = [
+            m.group(1)
+            for block in blocks
+            for line in block.splitlines()
+            if (m := re.search(r"(?:^|[\s/])mlx-watchdog (.*)", line))
+        ]
+        args += re.findall(r"`(?:sudo )?mlx-watchdog ([^`]*)`", text)
+        for arg in args:
+            words = arg.split("#")[0].split("|")[0].split(">")[0]
+            tokens = words.replace("[", " ").replace("]", " ").split()
+            path: list[str] = []
+            for t in tokens:
+                if (path and path[0] not in GROUPS) or not re.fullmatch(r"[a-z][a-z-]*", t):
+                    break
+                path.append(t)
+            if not path or path == ["--help"]:
+                continue
+            options = {t.split("=")[0] for t in tokens if t.startswith("--")} - {"--help"}
+            found.setdefault(tuple(path), set()).update(options)
+    return found
+
+
+COMMANDS = shown()
+
+
+def test_the_docs_show_commands_to_check() -> None:
+    assert len(COMMANDS) >= 15, COMMANDS  # the extraction still finds them
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
+def test_each_command_in_the_docs_has_the_options_they_give_it(path: tuple[str, ...]) -> None:
+    help_text = mlx_watchdog(*path, "--help", timeout=60)
+    assert help_text.returncode == 0, (path, help_text.stderr)
+    missing = sorted(o for o in COMMANDS[path] if o not in help_text.stdout)
+    assert not missing, f"mlx-watchdog {' '.join(path)} has no {missing}"
