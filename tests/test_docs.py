@@ -56,3 +56,38 @@ def test_each_command_in_the_docs_has_the_options_they_give_it(path: tuple[str, 
     assert help_text.returncode == 0, (path, help_text.stderr)
     missing = sorted(o for o in COMMANDS[path] if o not in help_text.stdout)
     assert not missing, f"mlx-watchdog {' '.join(path)} has no {missing}"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
+def test_a_usage_error_exits_3_as_the_readmes_table_says(path: tuple[str, ...]) -> None:
+    """The README's exit-code table: a usage error (an unknown option) is 3, "unknown", for
+    every command; never click's 2, which a check reads as critical."""
+    typo = mlx_watchdog(*path, "--no-such-option", timeout=60)
+    assert typo.returncode == 3, (path, typo.returncode, typo.stderr)
+
+
+READS_CONFIG = {
+    ("status",): (),
+    ("history",): (),
+    ("probe",): (),
+    ("run",): (),
+    ("doctor",): (),
+    ("calibrate",): (),
+    ("drill",): (),
+    ("open",): (),
+    ("config", "check"): (),
+    ("restart",): ("x",),
+    ("install",): ("--dry-run",),
+}
+
+
+@pytest.mark.parametrize("path", sorted(READS_CONFIG), ids=" ".join)
+def test_a_bad_config_exits_3_naming_the_key_and_the_value(
+    path: tuple[str, ...], tmp_path: Path
+) -> None:
+    assert path in COMMANDS  # shown in the docs
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[watchdog]\ninterval = "soon"\n')
+    done = mlx_watchdog(*path, "--config", str(bad), *READS_CONFIG[path], timeout=60)
+    assert done.returncode == 3, (path, done.returncode, done.stdout, done.stderr)
+    assert 'watchdog.interval = "soon"' in done.stderr, done.stderr
