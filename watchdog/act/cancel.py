@@ -44,6 +44,8 @@ LIVE_SLACK = 0.5  # s: besides an interval: the ages are rounded and read at dif
 
 @dataclass(frozen=True)
 class Cancelled:
+    """How a cancel through the server's own route went: taken or not, and how many."""
+
     ok: bool  # the server took every cancel asked of it
     detail: str
     count: int = 0

@@ -31,6 +31,8 @@ CPU_KEPT = 30  # CPU readings over one wait kept
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One finished check of one server: its verdict and what it was judged from."""
+
     server: ServerConfig
     verdict: Verdict
     observation: Observation

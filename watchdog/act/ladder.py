@@ -52,6 +52,9 @@ class Drain:
 
 
 class Ladder:
+    """Climbs a restart step by step (identity check, drain, the manager, a token to verify);
+    owns no state and writes no history: the cycle asks and records."""
+
     def __init__(
         self,
         *,

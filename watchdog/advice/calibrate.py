@@ -48,6 +48,8 @@ def parse_tokens(value: str, where: str) -> int:
 
 @dataclass(frozen=True)
 class Point:
+    """One measured prompt: its size, its prefill time, and what the server took from cache."""
+
     prompt_tokens: int
     prefill_s: float
     cached_tokens: int | None = None
@@ -103,6 +105,8 @@ def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
 
 @dataclass(frozen=True)
 class Calibration:
+    """A server's calibration: the measured points, the prefill fitted to them, the decode rate."""
+
     server: str
     at: float
     points: tuple[Point, ...]
@@ -131,6 +135,8 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Advice:
+    """The timeouts each layer between a client and the server needs for a prompt of a size."""
+
     prompt_tokens: int
     answer_tokens: int
     prefill_s: float

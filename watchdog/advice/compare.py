@@ -33,6 +33,8 @@ SLACK = 0.005  # answers of one batch sent in bursts arrive within a few ms of e
 
 @dataclass(frozen=True)
 class Side:
+    """One server's numbers in a comparison: time to first token, prefill and decode rates."""
+
     name: str
     url: str
     ttft_s: float  # a tiny prompt, median of TINY_RUNS
@@ -178,6 +180,8 @@ def side_by_side(answers: list[tuple[float, float]]) -> int:
 
 @dataclass(frozen=True)
 class Comparison:
+    """Two servers measured alike, and what the difference means."""
+
     a: Side
     b: Side
 

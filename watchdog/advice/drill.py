@@ -38,6 +38,8 @@ def plan(server: ServerConfig, prompt_tokens: int, give_up_after: float) -> str:
 
 @dataclass(frozen=True)
 class DrillResult:
+    """What a drill measured: how long the wedge it made lasted, and how it ended."""
+
     server: str
     prompt_tokens: int  # of the abandoned prompt, estimated from the server's count for a probe
     give_up_after_s: float

@@ -10,6 +10,8 @@ Level = Literal["ok", "note", "warning", "problem"]  # a note: known to happen, 
 
 @dataclass(frozen=True)
 class Finding:
+    """One thing doctor found: how bad, about what, in words, and the fix."""
+
     level: Level
     what: str
     detail: str

@@ -17,6 +17,8 @@ class LiteLLMConfigError(Exception):
 
 @dataclass(frozen=True)
 class Deployment:
+    """One LiteLLM deployment: its group, the server it sends to, and its timeouts."""
+
     group: str  # model_name: what clients and fallbacks name
     api_base: str
     timeout: float | None
@@ -34,6 +36,9 @@ class Deployment:
 
 @dataclass(frozen=True)
 class LiteLLMConfig:
+    """What of a LiteLLM proxy config decides whether clients outlast a prefill: its
+    deployments, fallbacks, retries and timeouts."""
+
     path: Path
     deployments: tuple[Deployment, ...]
     fallbacks: tuple[tuple[str, tuple[str, ...]], ...]

@@ -56,6 +56,8 @@ def safe_console(**options: Any) -> Console:
     from mlx_watchdog.sense.text import printable
 
     class SafeConsole(Console):
+        """A Console that shows control characters as escapes in every string it renders."""
+
         def render_str(self, text: str, **kwargs: Any) -> Any:
             return super().render_str(printable(text, lines=True), **kwargs)
 

@@ -68,6 +68,8 @@ class InMemory:
 
 @dataclass(frozen=True)
 class Profile:
+    """What one kind of server is: how it is recognised, probed and asked about its load."""
+
     kind: Kind
     title: str
     match: str  # a substring of the server's command line

@@ -71,6 +71,8 @@ SPANS = ("slow_after", "wedge_after", "max_busy", "hard_timeout")  # each at mos
 
 @dataclass(frozen=True)
 class ProbeSettings:
+    """How one server is probed and judged: its thresholds and bounds."""
+
     prompt: str = setting(
         "ping", parse=parse_str, doc="fixed, so the prompt cache makes the probe nearly free"
     )
@@ -136,6 +138,8 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class RestartSettings:
+    """How one server may be restarted: budget, backoff, drain, the least-cost cure."""
+
     max_restarts: int = setting(3, parse=int_range(0, 1000), doc="per window")
     window: float = setting(3600.0, parse=parse_duration, show=_duration, doc="the budget's window")
     backoff: float = setting(
@@ -176,6 +180,8 @@ class RestartSettings:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """One watched server, validated: where it is, what kind, how it is run and probed."""
+
     name: str = setting(parse=parse_name, doc="unnamed servers are mlx-<port>", example="mlx")
     url: str = setting(
         parse=parse_url, doc="required: the server's base URL", example="http://127.0.0.1:8080"
@@ -296,6 +302,8 @@ def default_state_dir() -> Path:
 
 @dataclass(frozen=True)
 class WatchdogSettings:
+    """The watchdog's own settings: interval, state folder, endpoint, alerts, calendar work."""
+
     interval: float = setting(
         30.0,
         parse=duration_range(0.1, 86400.0),
@@ -344,6 +352,8 @@ class WatchdogSettings:
 
 @dataclass(frozen=True)
 class Config:
+    """The whole config, validated once: the watchdog's settings and every server."""
+
     watchdog: WatchdogSettings
     servers: tuple[ServerConfig, ...]
     source: Path | None = None

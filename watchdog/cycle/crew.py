@@ -33,6 +33,8 @@ class Sink(Protocol):
 
 
 class NoSink:
+    """A Sink that counts nothing (tests, commands run by hand)."""
+
     def observe(self, server: str, verdict: Verdict) -> None:
         pass
 

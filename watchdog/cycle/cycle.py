@@ -42,6 +42,9 @@ RESTARTS = ("restart", "planned-restart")  # a person's, the maintenance window'
 
 
 class Cycle:
+    """One server's life under the watchdog: its verdicts, phase, open incident, restarts
+    and events. The only writer of that server's incident rows."""
+
     def __init__(
         self, server: ServerConfig, manager: Manager, checker: Checker, crew: Crew
     ) -> None:

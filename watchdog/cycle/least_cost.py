@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 
 class LeastCost:
+    """The cheaper cures a cycle tries before a restart: proof from real traffic, a cancel,
+    or waiting out an abandoned prefill."""
+
     def __init__(self, cycle: Cycle) -> None:
         self.cycle = cycle
         self.clearing: Clearing | None = None  # a cancel or a wait under way

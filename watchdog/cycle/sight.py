@@ -13,6 +13,8 @@ log = logging.getLogger("mlx_watchdog")
 
 @dataclass
 class Sight:
+    """How fresh a cycle's view of its server is: when it last ticked and whether it said so."""
+
     watched_since: float  # when watching began
     tick_moved: float  # when a tick last began or ended: the job makes progress
     verdict_mono: float | None = None  # when the last verdict came

@@ -99,6 +99,8 @@ def local_zone() -> tzinfo:
 
 
 class Calendar:
+    """Calendar work on the wall clock: the daily summary and each maintenance window."""
+
     def __init__(
         self,
         store: Store,

@@ -58,6 +58,9 @@ COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, dr
 
 
 class Daemon:
+    """The running watchdog: one job per server, the endpoint, signals, reloads and a
+    bounded stop. Wiring only: what each server's cycle decides is in cycle/."""
+
     def __init__(
         self,
         config: Config,

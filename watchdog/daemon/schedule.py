@@ -15,6 +15,8 @@ MAX_WAIT = 86400.0  # a timer cannot wait for any float: past this, wake and wai
 
 
 class Job:
+    """One job's thread: runs its work every interval, never twice at once."""
+
     def __init__(self, name: str, interval: float, work: Callable[[], None]) -> None:
         self.name = name
         self.interval = interval

@@ -118,6 +118,8 @@ def demo_config(workdir: Path, model: Path, port: int) -> Config:
 
 @dataclass(frozen=True)
 class DemoResult:
+    """How the demo went: recovered or not, the incident, and how soon it was seen."""
+
     recovered: bool
     incident: Incident | None
     restarts: int
@@ -206,6 +208,8 @@ def _result(daemon: Daemon, since: float | None, message: str) -> DemoResult:
 
 
 class SayHandler(logging.Handler):
+    """Passes the watchdog's log lines to the demo's narration."""
+
     def __init__(self, say: Callable[[str], None]) -> None:
         super().__init__(logging.INFO)
         self.say = say

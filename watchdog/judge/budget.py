@@ -20,6 +20,8 @@ class LastRestart:
 
 @dataclass(frozen=True)
 class Allowance:
+    """Whether a restart is allowed now, by the budget and the backoff."""
+
     allowed: bool
     spent: bool  # the window's restarts are used up: a person is needed
     not_before: float | None  # backing off until then

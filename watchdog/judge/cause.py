@@ -29,6 +29,8 @@ from mlx_watchdog.sense.signs import Signs
 
 
 class Cause(StrEnum):
+    """Why a failing server fails, in one word (docs/causes.md)."""
+
     ABANDONED_PREFILL = "abandoned_prefill"
     LEAKED_REQUEST = "leaked_request"
     THREAD_GONE = "generation_thread_gone"
@@ -59,6 +61,8 @@ MIN_IDLE_READINGS = 3  # CPU readings over the wait, all idle, before idleness c
 
 @dataclass(frozen=True)
 class Diagnosis:
+    """A cause with the evidence that decided it."""
+
     cause: Cause
     because: str = ""  # the evidence that decided it, in words
 

@@ -36,6 +36,8 @@ CANCEL_S = 2.0  # a cancel's expected cost: its calls, and a token after them
 
 @dataclass(frozen=True)
 class RestartCost:
+    """What a restart costs here: from its start to the first token after it."""
+
     seconds: float  # from the restart's start to the first token after it
     measured: int  # how many restarts here it is the median of; 0: the default
 
@@ -72,6 +74,8 @@ class Clearing:
 
 @dataclass(frozen=True)
 class Cure:
+    """The cure chosen for a wedge: a wait (for a prefill, after a cancel) or a restart now."""
+
     wait: Clearing | None  # None: restart now
     why: str
 

@@ -9,6 +9,8 @@ from enum import StrEnum
 
 
 class State(StrEnum):
+    """A server's state as the watchdog judges it (README's States)."""
+
     STARTING = "starting"  # (re)started, not serving yet
     HEALTHY = "healthy"  # a token within slow_after
     SLOW = "slow"  # a token, late; or none yet, before wedge_after

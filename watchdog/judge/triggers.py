@@ -15,6 +15,8 @@ from mlx_watchdog.judge.states import State
 
 
 class Trigger(StrEnum):
+    """What may start a restart."""
+
     WEDGED = "wedged"  # up, serving nobody: at once
     DEAD = "dead"  # answers wrongly twice in a row
     DOWN = "down"  # nothing answers for longer than startup_grace

@@ -25,6 +25,8 @@ from mlx_watchdog.sense.signs import Signs
 
 @dataclass(frozen=True)
 class Observation:
+    """Everything one look at a server gathered: the probe, the process, its answers, its log."""
+
     probe: ProbeSnapshot
     process: ProcessEvidence
     models: ModelsCheck | None = None
@@ -41,6 +43,8 @@ class Observation:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The judged state of a server, the reason in words, and the evidence."""
+
     state: State
     reason: str
     evidence: Evidence

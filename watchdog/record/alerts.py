@@ -44,6 +44,8 @@ TITLES: dict[EventKind, str] = {
 
 @dataclass(frozen=True)
 class Event:
+    """Something that happened to a server, as alerts and the history carry it."""
+
     kind: EventKind
     server: str
     at: float
@@ -129,6 +131,8 @@ class HookChannel:
 
 
 class Alerter:
+    """Sends events to the configured channels off the ticks' path, each bounded in time."""
+
     def __init__(
         self,
         urls: Sequence[str],

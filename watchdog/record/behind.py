@@ -23,6 +23,9 @@ Work = Callable[[sqlite3.Connection], None]
 
 
 class Behind:
+    """The daemon's write-behind queue to the history: a slow or locked database never
+    holds a tick."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
         self.lost = 0  # writes given up (the queue full, or still waiting at close)

@@ -94,6 +94,9 @@ class Later(Exception):
 
 
 class Database:
+    """The guarded SQLite file of the history: private, migrated, moved aside when corrupt,
+    in memory when it cannot be used."""
+
     def __init__(
         self, path: Path | None, *, clock: Callable[[], float] = time.time, behind: bool = False
     ) -> None:

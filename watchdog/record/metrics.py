@@ -63,6 +63,8 @@ GAUGES = (
 
 
 class Metrics:
+    """The Prometheus exposition: counters as things happen, gauges from the status documents."""
+
     def __init__(self, status: Status) -> None:
         self.registry = CollectorRegistry()
         self.ttft = Histogram(

@@ -27,6 +27,8 @@ def row_id(ref: Ref) -> int | None:
 
 @dataclass(frozen=True)
 class Incident:
+    """An incident as the history keeps it: when, why, what was done, how it ended."""
+
     id: int
     server: str
     opened_at: float
@@ -44,6 +46,8 @@ class Incident:
 
 @dataclass(frozen=True)
 class ProbeRecord:
+    """One judged probe as the history keeps it."""
+
     id: int
     server: str
     at: float
@@ -56,6 +60,8 @@ class ProbeRecord:
 
 @dataclass(frozen=True)
 class EventRecord:
+    """One event as the history keeps it."""
+
     id: int
     server: str
     at: float
@@ -66,6 +72,8 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class Restart:
+    """One restart as the history keeps it: its trigger, outcome and cost."""
+
     id: int
     server: str
     at: float

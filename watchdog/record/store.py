@@ -58,6 +58,8 @@ def number(column: str) -> str:
 
 
 class Store:
+    """What the watchdog asks of its history: probes, incidents, events, restarts, dumps."""
+
     def __init__(
         self, path: Path | None, *, clock: Callable[[], float] = time.time, behind: bool = False
     ) -> None:

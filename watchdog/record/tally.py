@@ -47,6 +47,9 @@ def restart_span(server: ServerConfig) -> float:
 
 @dataclass
 class Tally:
+    """The numbers people see, kept in memory by a cycle (restarts, incidents, clients that
+    gave up, budget): one source for status, /status and /metrics."""
+
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
     opened: deque[float] = field(default_factory=deque)  # when incidents opened
     gave_up: deque[tuple[float, int]] = field(default_factory=deque)  # (when, how many)

@@ -32,6 +32,8 @@ SOCKETS_MAX = 200
 
 @dataclass(frozen=True)
 class Dump:
+    """A server's last words before a restart: its stacks, its log's tail, its sockets."""
+
     at: float  # wall time it was taken
     pid: int | None
     stack: str | None = None

@@ -22,6 +22,8 @@ EMPTY_MODELS_FIX = (
 
 @dataclass(frozen=True)
 class Client:
+    """One client connection to the server, live or left, and since when."""
+
     address: Address
     status: str  # "live" or "abandoned"
     first_seen: float
@@ -30,6 +32,9 @@ class Client:
 
 @dataclass(frozen=True)
 class ProcessEvidence:
+    """What the operating system shows of the server process: identity, CPU, memory and
+    its clients."""
+
     pid: int | None
     local: bool = True  # False: the server is on another machine; nothing to inspect
     create_time: float | None = None  # on the sampling clock's timeline
@@ -203,6 +208,8 @@ class ProbeSnapshot:
 
 @dataclass(frozen=True)
 class ModelsCheck:
+    """What `/v1/models` answered, read under a deadline and a cap."""
+
     status: int | None
     ok: bool
     finding: str  # "ok", "refused", "timeout", "error", "empty_body", "invalid_json", "http_error", "not_listed"

@@ -41,6 +41,8 @@ SWAP_FULL = 0.5  # of the swap in use
 
 @dataclass(frozen=True)
 class ThreadStack:
+    """One thread of a stack sample: its name, its frames, whether it was idle."""
+
     name: str
     frames: tuple[str, ...]  # qualified function names, innermost first
     idle: bool | None = None  # py-spy's "(idle)" mark

@@ -46,6 +46,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Day:
+    """A server's last day as the status page draws it."""
+
     since: float
     until: float
     step: float = 30.0  # the probe interval: a longer gap between two probes is no data

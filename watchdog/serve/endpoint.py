@@ -45,6 +45,8 @@ BUSY = (
 
 
 class Backend(Protocol):
+    """What the endpoint asks of the daemon: its status, metrics, page and actions."""
+
     def status(self) -> dict[str, Any]:
         """{"servers": [one status dict per server, with "name", "state", "serving", ...]}."""
 

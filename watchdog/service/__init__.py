@@ -37,6 +37,8 @@ class ServiceError(Exception):
 
 @dataclass(frozen=True)
 class Step:
+    """One command of an install or uninstall plan, with what counts as done."""
+
     argv: tuple[str, ...]
     ok: frozenset[int] = frozenset({0})
     # launchd: after this step, wait until the job is gone (bootout is asynchronous) ...
@@ -57,6 +59,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
+    """What an install or uninstall does: the file it writes or removes and the commands it runs."""
+
     kind: Kind
     path: Path
     content: bytes | None  # None: remove the file
@@ -80,6 +84,8 @@ class WatchdogJob:
 
 
 class Target(Protocol):
+    """A service manager the watchdog installs into (launchd or systemd)."""
+
     kind: Kind
     watchdog_label: str
 

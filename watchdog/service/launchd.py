@@ -37,6 +37,8 @@ SERVER_EXIT_TIMEOUT = 30
 
 
 class Launchd:
+    """Installs into launchd: a LaunchAgent in the right domain, or a LaunchDaemon."""
+
     kind: Kind = "launchd"
     watchdog_label = WATCHDOG_LABEL
 

@@ -68,6 +68,8 @@ def quote(arg: str) -> str:
 
 
 class Systemd:
+    """Installs into systemd: a user unit, or a system unit with `User=`."""
+
     kind: Kind = "systemd"
     watchdog_label = WATCHDOG_UNIT
 

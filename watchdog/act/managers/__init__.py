@@ -32,6 +32,8 @@ class ManagerError(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
+    """A manager's own account of a restart: done or not, why, and each step it took."""
+
     ok: bool
     detail: str
     steps: tuple[str, ...] = ()
@@ -229,6 +231,9 @@ def _members(pgid: int) -> list[int]:
 
 
 class Manager(Protocol):
+    """How one server is restarted (and, for a server the watchdog runs, started and
+    stopped): the one interface the ladder and the daemon use, whatever runs it."""
+
     kind: str
     server: ServerConfig  # a reload that leaves the process alone hands over the new settings
 

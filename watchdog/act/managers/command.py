@@ -7,6 +7,9 @@ from mlx_watchdog.config import ServerConfig
 
 
 class CommandManager(External):
+    """A server restarted by the user's own command (an argv, no shell); its PID is the
+    port's listener."""
+
     kind = "command"
 
     def __init__(self, server: ServerConfig, system: System) -> None:

@@ -93,6 +93,8 @@ def _last(out: str) -> str:
 
 
 class LaunchdManager(External):
+    """A launchd job: `kickstart -k`, escalating to bootout and bootstrap of its plist."""
+
     kind = "launchd"
 
     def __init__(self, server: ServerConfig, system: System) -> None:

@@ -21,6 +21,9 @@ from mlx_watchdog.sense.files import create_new, open_append, open_regular
 
 
 class ProcessManager:
+    """A server the watchdog runs itself, in its own process group, recorded so that a
+    restarted watchdog adopts it rather than starting a second one."""
+
     kind = "process"
 
     def __init__(self, server: ServerConfig, system: System, record: Path) -> None:

@@ -11,6 +11,8 @@ REPLACE_TIMEOUT = 15.0
 
 
 class SystemdManager(External):
+    """A systemd user unit: `systemctl --user restart`, its PID from `MainPID`."""
+
     kind = "systemd"
 
     def __init__(self, server: ServerConfig, system: System) -> None:
