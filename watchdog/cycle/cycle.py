@@ -7,12 +7,14 @@ incident is decided here."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Drain
@@ -39,6 +41,11 @@ log = logging.getLogger("mlx_watchdog")
 E = EventKind
 LOUD = (E.RESTART_FAILED, E.BUDGET_SPENT, E.REFUSED)
 RESTARTS = ("restart", "planned-restart")  # a person's, the maintenance window's
+
+
+def _runs(server: ServerConfig) -> tuple[object, ...]:
+    """What a `process` manager runs: a change of it is a restart, of anything else not."""
+    return (server.command, dict(server.env), server.log_file)
 
 
 class Cycle:
@@ -81,6 +88,68 @@ class Cycle:
         self.retired = False
         self._restart_row: Ref = None
         self._restart_began = 0.0
+
+    # -- what the daemon asks of it (each change of its state goes through here) -----------
+
+    def start_server(self) -> None:
+        """The daemon starts: a server the watchdog runs is started (or adopted)."""
+        try:
+            self.manager.start()
+        except OSError as exc:  # its log is a FIFO, say: probing finds it down, a restart says why
+            log.error("%s: cannot start the server: %s", self.server.name, exc)
+            return
+        if self.manager.spawned:
+            self.server_started()
+
+    def reconfigure_later(self, server: ServerConfig) -> None:
+        """A reload's settings, applied by this server's own job at its next tick (which comes
+        at its interval: a reload is no reason to probe sooner)."""
+        self.new_config = server
+
+    def retire(self) -> None:
+        """A reload removed the server: its job ends, and a server the watchdog ran stops."""
+        self.retired = True
+        self.manager.stop()
+
+    def apply_new_config(self, make: Callable[[ServerConfig], Manager]) -> None:
+        """Apply a reload's settings, in this server's own job. The running process is left
+        alone unless what runs it changed (a `process` server's command, environment or log);
+        then it is restarted through the one restart path: recorded, alerted, budgeted."""
+        server, before = self.new_config, self.server
+        if server is None:
+            return
+        self.new_config = None
+        if server.manager != before.manager:
+            self.manager.stop()
+            self.manager = make(server)
+            self.server = server
+            self.start_server()
+        else:
+            self.manager.server = server
+        self.server = server
+        self.checker.reconfigure(server)
+        if server.manager == before.manager == "process" and _runs(server) != _runs(before):
+            self.restart("reload", "its command changed in the config", manual=True)
+
+    def tick_begins(self) -> None:
+        self.sight.tick_began = self.sight.tick_moved = self.monotonic()
+
+    def tick_ends(self, problem: str | None) -> bool:
+        """The tick is over (`problem`: why it failed); True when that failure is new (said
+        once per run of the same fault, not every tick)."""
+        new = problem is not None and problem != self.sight.tick_problem
+        if problem is not None and new:
+            with contextlib.suppress(Exception):
+                self.store.add_event(self.server.name, self.clock(), E.TICK_FAILED, problem, {})
+        self.sight.tick_problem = problem
+        self.sight.tick_began = None
+        self.sight.tick_moved = self.monotonic()
+        return new
+
+    def ticked(self) -> None:
+        """Even after a fault: the next tick measures its gap from here, not from the last
+        good one (that would read as a clock jump every time)."""
+        self.sight.last_tick = (self.clock(), self.monotonic())
 
     def load(self) -> None:
         """Take up where the history left off: an open incident, a hold, the day's numbers,

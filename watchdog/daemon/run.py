@@ -6,7 +6,6 @@ nothing heavy ever runs inside a handler.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -22,7 +21,7 @@ from typing import Any
 from mlx_watchdog import __version__
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Ladder
-from mlx_watchdog.act.managers import System, make_manager
+from mlx_watchdog.act.managers import Manager, System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.cycle import Crew, Cycle
 from mlx_watchdog.daemon.calendar import Calendar, Maintain
@@ -30,7 +29,6 @@ from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, 
 from mlx_watchdog.daemon.logs import own_log, rotate_all
 from mlx_watchdog.daemon.schedule import Schedule
 from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
-from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.left import left_probes
@@ -155,13 +153,10 @@ class Daemon:
         """Judge one server once: its own job's work, after a reload's settings are applied."""
         c = self.cycles[name]
         try:
-            if c.new_config is not None:
-                self._reconfigure(c, c.new_config)
+            c.apply_new_config(self._manager)
             return c.tick(self.interval)
         finally:
-            # Even after a fault: the next tick measures its gap from here, not from the
-            # last good tick (that would read as a clock jump every time).
-            c.sight.last_tick = (self.clock(), self.monotonic())
+            c.ticked()
 
     # -- what the endpoint and `status` show -------------------------------------------------
 
@@ -231,11 +226,10 @@ class Daemon:
             return
         with self._active_cv:
             self._active += 1
-        sight = c.sight
-        sight.tick_began = sight.tick_moved = self.monotonic()
+        c.tick_begins()
+        problem: str | None = None
         try:
             self.tick(name)
-            sight.tick_problem = None
         except Exception as exc:  # a fault in one tick must not stop the probing
             fault = printable(f"{type(exc).__name__}: {exc}")
             problem = (
@@ -244,14 +238,10 @@ class Daemon:
                 else f"the last tick failed: {fault}"
             )
             problem = problem[:500]
-            if problem != sight.tick_problem:  # once per run of the same fault, not every tick
+            if problem != c.sight.tick_problem:  # once per run of the same fault
                 log.exception("%s tick failed; probing goes on", name)
-                with contextlib.suppress(Exception):
-                    self.store.add_event(name, self.clock(), EventKind.TICK_FAILED, problem, {})
-            sight.tick_problem = problem
         finally:
-            sight.tick_began = None
-            sight.tick_moved = self.monotonic()
+            c.tick_ends(problem)
             with self._active_cv:
                 self._active -= 1
                 self._active_cv.notify_all()
@@ -277,7 +267,7 @@ class Daemon:
             signal.signal(signal.SIGINT, lambda *_: self.stop())
             signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
         for c in self.cycles.values():
-            self._start_server(c)
+            c.start_server()
         self._serve_endpoint()
         self._running = True
         self._schedule()
@@ -342,17 +332,13 @@ class Daemon:
         old = {s.name: s for s in self.config.servers}
         fresh = {s.name: s for s in new.servers}
         for name in old.keys() - fresh.keys():
-            gone = self.cycles.pop(name)
-            gone.retired = True
-            gone.manager.stop()
+            self.cycles.pop(name).retire()
         for name, server in fresh.items():
             if name not in self.cycles:
                 self.cycles[name] = self._cycle(server)
-                self._start_server(self.cycles[name])
+                self.cycles[name].start_server()
             elif old.get(name) != server:
-                # Applied at its next tick, which comes at its interval: a reload is no reason
-                # to probe sooner (HUPs in a row would become probes in a row).
-                self.cycles[name].new_config = server
+                self.cycles[name].reconfigure_later(server)
         self.config = new
         if self._running:
             self._schedule()
@@ -360,32 +346,8 @@ class Daemon:
         log.info("config reloaded: watching %s", ", ".join(self.cycles))
         return True
 
-    @staticmethod
-    def _start_server(c: Cycle) -> None:
-        try:
-            c.manager.start()
-        except OSError as exc:  # its log is a FIFO, say: probing finds it down, a restart says why
-            log.error("%s: cannot start the server: %s", c.server.name, exc)
-            return
-        if c.manager.spawned:
-            c.server_started()
-
-    def _reconfigure(self, c: Cycle, server: ServerConfig) -> None:
-        """Apply a reload's settings in the server's own job. The running process is left
-        alone unless what runs it changed (a `process` server's command, environment or log);
-        then it is restarted through the one restart path: recorded, alerted, budgeted."""
-        before = c.server
-        c.new_config = None
-        if server.manager != before.manager:
-            c.manager.stop()
-            c.manager = make_manager(server, self.system, self.state_dir)
-            self._start_server(c)
-        else:
-            c.manager.server = server
-        c.server = server
-        c.checker.reconfigure(server)
-        if server.manager == before.manager == "process" and _runs(server) != _runs(before):
-            c.restart("reload", "its command changed in the config", manual=True)
+    def _manager(self, server: ServerConfig) -> Manager:
+        return make_manager(server, self.system, self.state_dir)
 
     def _finish(self, settle: float) -> None:
         self._stop.set()
@@ -435,8 +397,3 @@ class Daemon:
         """Wait for the running jobs to end; False when some are still running."""
         with self._active_cv:
             return self._active_cv.wait_for(lambda: not self._active, timeout)
-
-
-def _runs(server: ServerConfig) -> tuple[object, ...]:
-    """What a `process` manager runs: a change of it is a restart, of anything else not."""
-    return (server.command, dict(server.env), server.log_file)
