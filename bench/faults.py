@@ -353,6 +353,46 @@ def malformed_row(run: Run) -> tuple[str, int, list[str]]:
     return f"started; status exit {status.returncode}, history exit {history.returncode}", 0, []
 
 
+def lock_a_fifo(run: Run) -> tuple[str, int, list[str]]:
+    run.config()
+    run.state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = run.state / "daemon.lock"
+    os.mkfifo(lock)
+    refused = run.daemon(wait_up=False)
+    code = refused.wait(30)
+    named = "daemon.lock is not a regular file" in run.logged()
+    lock.unlink()
+    run.daemon()
+    run.server("hang")
+    wait(lambda: "recovered" in run.events(), 30, "recovered")
+    return f"`run` exit {code}{', naming the FIFO' * named}; removed: healed", 1, HEALED
+
+
+def text_for_numbers(run: Run) -> tuple[str, int, list[str]]:
+    from mlx_watchdog.record.store import Store
+
+    run.config()
+    run.state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    Store(run.state / "history.db").close()  # the schema, by the watchdog's own code
+    con = sqlite3.connect(run.state / "history.db", isolation_level=None)
+    now = time.time()
+    con.execute(
+        "INSERT INTO probes (server, at, state, reason, ttft_s, waited_s, evidence)"
+        " VALUES ('bad', ?, 'healthy', 'x', 'fast', NULL, '{}')",
+        (now - 30,),
+    )
+    con.execute(
+        "INSERT INTO restarts (server, at, trigger, finished_at, outcome, served_s)"
+        " VALUES ('bad', ?, 'wedged', ?, 'recovered', 'soon')",
+        (now - 7200, now - 7190),
+    )
+    con.close()
+    run.daemon()
+    run.server("hang")
+    wait(lambda: "recovered" in run.events(), 30, "recovered")
+    return "started over text in ttft_s and served_s; healed", 1, HEALED
+
+
 def clock_forward(run: Run) -> tuple[str, int, list[str]]:
     run.config()
     run.daemon()
@@ -464,6 +504,8 @@ FAULTS: dict[str, Callable[[Run], tuple[str, int, list[str]]]] = {
     "history locked": history_locked,
     "-shm truncated": shm_truncated,
     "malformed row": malformed_row,
+    "text where numbers are": text_for_numbers,
+    "daemon.lock a FIFO": lock_a_fifo,
     "clock +1 h": clock_forward,
     "clock -1 h": clock_backward,
     "server SIGSTOP": server_stopped,
