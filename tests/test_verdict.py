@@ -295,3 +295,15 @@ def test_a_process_that_served_is_no_longer_starting_within_its_grace() -> None:
     assert v is not None and v.state == "wedged", v
     gone = Observation(finished("refused"), proc(age=5), None, served=True)
     assert judge(gone, S, T0 + 0.1).state == "down"
+
+
+def test_a_probe_queued_behind_served_clients_waits_from_when_the_last_left() -> None:
+    """A patient client held the server for a minute with the probe queued behind it: the
+    moment it leaves, the probe is next, not proof of a wedge."""
+    now = T0 + 61
+    just_left = Observation(waiting(), proc(live=0), MODELS_OK, live_seen=now - 1.0)
+    v = judge(just_left, S, now)
+    assert v is not None and v.state == "slow" and "its last client left 1.0 s ago" in v.reason
+    long_gone = Observation(waiting(), proc(live=0), MODELS_OK, live_seen=now - 60.5)
+    v = judge(long_gone, S, now)
+    assert v is not None and v.state == "wedged", v.reason

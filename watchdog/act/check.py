@@ -72,6 +72,7 @@ class Checker:
         self.unread = progress_unread(server)  # once: finding a launchd job's log reads a file
         self.probe: Probe | None = None
         self.served_process: tuple[int, float | None] | None = None  # the last to give a token
+        self.live_seen: float | None = None  # live clients last seen during this probe's wait
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
         # Signs of a cause, gathered while a wedge is suspected and forgotten when it serves.
@@ -88,6 +89,7 @@ class Checker:
     def start(self) -> Probe:
         """Send the probe and check /v1/models; a round in flight is kept, never doubled."""
         if self.probe is None:
+            self.live_seen = None
             self.probe = Probe(
                 self.server, clock=self.clock, on_connect=self._probe_connected
             ).start()
@@ -152,6 +154,8 @@ class Checker:
             if self.announce_probe and self.probe is probe:
                 self.left.shorten(probe.local_address, keep_for=ANSWERED_GRACE)
         process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
+        if process.live:
+            self.live_seen = self.clock()
         load = self.load.read()
         fans_out = self.server.profile.fans_out
         if leaked_requests(load, process, fans_out=fans_out) > 0:
@@ -188,6 +192,7 @@ class Checker:
             signs,
             self.server.kind,
             served=self._served(process),
+            live_seen=self.live_seen,
         )
 
     def _served(self, process: ProcessEvidence) -> bool:

@@ -39,6 +39,7 @@ class Observation:
     signs: Signs | None = None  # stacks, log errors, CPU over the wait, memory: for a cause
     kind: str = ""  # the server's kind: which stacks and answers mean what
     served: bool = False  # this process served a probe: it is no longer starting
+    live_seen: float | None = None  # when live clients were last seen during this probe's wait
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,12 @@ def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) 
         since = f" (the oldest seen for {_s(oldest)})" if oldest else ""
         verb = "hold" if abandoned != 1 else "holds"
         return State.WEDGED, f"{lead}; {_abandoned(abandoned)}{since} {verb} the server"
+    if not live and obs.live_seen is not None and now - obs.live_seen < s.wedge_after:
+        # Queued behind clients that were served: the wait counts from when the last left.
+        return State.SLOW, (
+            f"no token yet after {_s(waited)}{got}; its last client left "
+            f"{_s(now - obs.live_seen)} ago, so the probe is next"
+        )
     if not live:
         return State.WEDGED, f"{lead}; no other client is connected, so it serves nobody"
     if proc.cpu_percent is not None and proc.cpu_percent < s.idle_cpu_percent:
