@@ -41,7 +41,6 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
     server's PID and memory. Exit code: as for probe (the worst server), or 3 when the
     watchdog is not running.
     """
-    import json
 
     from mlx_watchdog.serve.client import DaemonNotRunning, history_status, live_status
 
@@ -55,7 +54,7 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
 
     doc = fetch()
     if as_json:
-        click.echo(json.dumps(doc, indent=2, default=str))
+        _json_out(doc)
     elif watch:
         import signal
         import threading

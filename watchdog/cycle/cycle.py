@@ -34,7 +34,7 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.record.tally import Tally, abandoned_lately
-from mlx_watchdog.sense.memory import Settle, held_by
+from mlx_watchdog.sense.memory import Settle, held_by, resident
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -119,14 +119,13 @@ class Cycle:
         if server is None:
             return
         self.new_config = None
+        self.server = server
         if server.manager != before.manager:
             self.manager.stop()
             self.manager = make(server)
-            self.server = server
             self.start_server()
         else:
             self.manager.server = server
-        self.server = server
         self.checker.reconfigure(server)
         if server.manager == before.manager == "process" and _runs(server) != _runs(before):
             self.restart("reload", "its command changed in the config", manual=True)
@@ -137,8 +136,9 @@ class Cycle:
     def tick_ends(self, problem: str | None) -> bool:
         """The tick is over (`problem`: why it failed); True when that failure is new (said
         once per run of the same fault, not every tick)."""
-        new = problem is not None and problem != self.sight.tick_problem
-        if problem is not None and new:
+        new = False
+        if problem is not None and problem != self.sight.tick_problem:
+            new = True
             with contextlib.suppress(Exception):
                 self.store.add_event(self.server.name, self.clock(), E.TICK_FAILED, problem, {})
         self.sight.tick_problem = problem
@@ -436,7 +436,7 @@ class Cycle:
         v = self.verdict
         if v is None or v.evidence.cause != Cause.MEMORY_PRESSURE:
             return None
-        freed = dict(self.crew.held()).get(self.server.name, 0)
+        freed = resident(self.manager.pid())
         system = self.crew.ladder.system
         return Settle(freed, read=self.crew.machine, sleep=system.sleep, monotonic=self.monotonic)
 

@@ -228,20 +228,19 @@ class Daemon:
             self._active += 1
         c.tick_begins()
         problem: str | None = None
+        error: Exception | None = None
         try:
             self.tick(name)
         except Exception as exc:  # a fault in one tick must not stop the probing
-            fault = printable(f"{type(exc).__name__}: {exc}")
+            error, fault = exc, printable(f"{type(exc).__name__}: {exc}")
             problem = (
                 printable(str(exc))
                 if isinstance(exc, OwnFault)
                 else f"the last tick failed: {fault}"
-            )
-            problem = problem[:500]
-            if problem != c.sight.tick_problem:  # once per run of the same fault
-                log.exception("%s tick failed; probing goes on", name)
+            )[:500]
         finally:
-            c.tick_ends(problem)
+            if c.tick_ends(problem):  # said once per run of the same fault, not every tick
+                log.error("%s tick failed; probing goes on", name, exc_info=error)
             with self._active_cv:
                 self._active -= 1
                 self._active_cv.notify_all()

@@ -3,7 +3,6 @@ verified), under a total deadline and a byte cap, the endpoint's path kept."""
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,18 +44,10 @@ def tls(cacert: Path | None) -> Any:
 
 def in_clear(url: str) -> bool:
     """A token sent to `url` would cross a network readable: plain http beyond loopback."""
+    from mlx_watchdog.config.values import is_loopback
+
     parts = urlsplit(url)
-    if parts.scheme != "http":
-        return False
-    host = (parts.hostname or "").lower()
-    if host == "localhost":
-        return False
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return True
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return not (ip.is_loopback or (mapped is not None and mapped.is_loopback))
+    return parts.scheme == "http" and not is_loopback(parts.hostname or "")
 
 
 def fetch_status(

@@ -19,6 +19,8 @@ import psutil
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessEvidence
 
+HALF_CLOSED = frozenset({psutil.CONN_FIN_WAIT1, psutil.CONN_FIN_WAIT2})
+
 
 class ProcessTable:
     """The few psutil calls the watchdog makes."""
@@ -38,7 +40,8 @@ class ProcessTable:
 
     def half_closed(self, clients: set[Address]) -> set[Address]:
         """Of these clients on this machine, those that shut down only their sending side and
-        still wait for the answer: their socket is in FIN_WAIT2 and a process still holds it.
+        still wait for the answer: their socket is in FIN_WAIT1 or 2 (its FIN sent, acked or
+        not yet) and a process still holds it.
         A client that closed leaves its socket to the kernel (no owner), or none at all."""
         if not clients:
             return set()
@@ -49,7 +52,7 @@ class ProcessTable:
         return {
             addr
             for c in owned
-            if c.status == psutil.CONN_FIN_WAIT2
+            if c.status in HALF_CLOSED
             and c.laddr
             and (addr := _normal((c.laddr.ip, c.laddr.port))) in clients
         }
@@ -86,8 +89,12 @@ def is_local_host(host: str) -> bool:
             return False
     if ip.is_loopback or ip.is_unspecified:
         return True
-    local = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
-    return str(ip) in local
+    return str(ip) in local_addresses()
+
+
+def local_addresses() -> set[str]:
+    """This machine's interface addresses (loopback's among them)."""
+    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
 
 
 def _normal(addr: Address) -> Address:
@@ -233,8 +240,7 @@ class Inspector:
     def _on_this_machine(self, ip: str) -> bool:
         if self._addresses is None:
             try:
-                interfaces = psutil.net_if_addrs().values()
-                self._addresses = {a.address.split("%")[0] for addrs in interfaces for a in addrs}
+                self._addresses = local_addresses()
             except OSError:
                 self._addresses = set()
         ip = ip.removeprefix("::ffff:")

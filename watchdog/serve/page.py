@@ -115,6 +115,7 @@ def _header(w: dict[str, Any], now: float, reload_s: int) -> str:
 
 
 def _server(s: dict[str, Any], day: Day, now: float) -> str:
+    fitted = _fit(day)
     state = s["state"] if s["state"] in SHOWN_STATES else UNKNOWN
     name = escape(str(s["name"]))
     return f"""<section class="server s-{state}" id="server-{name}" data-state="{state}">
@@ -122,8 +123,8 @@ def _server(s: dict[str, Any], day: Day, now: float) -> str:
 <p class="reason">{escape(str(s["reason"]))}</p>
 {"".join(_notes(s))}
 {_numbers(s, now, day)}
-{_timeline(_fit(day))}
-{_ttft_chart(_fit(day))}
+{_timeline(fitted)}
+{_ttft_chart(fitted)}
 {_hourly(day)}
 {_incidents(day, now)}
 {_advice(s["name"], day, now)}
