@@ -28,6 +28,7 @@ from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.cause import NO_PROGRESS, WORDS, Cause, budget_spent, recurring
+from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -38,8 +39,7 @@ from mlx_watchdog.sense.memory import Settle, held_by, resident
 
 log = logging.getLogger("mlx_watchdog")
 
-E = EventKind
-LOUD = (E.RESTART_FAILED, E.BUDGET_SPENT, E.REFUSED)
+LOUD = (EventKind.RESTART_FAILED, EventKind.BUDGET_SPENT, EventKind.REFUSED)
 RESTARTS = ("restart", "planned-restart")  # a person's, the maintenance window's
 
 
@@ -69,7 +69,7 @@ class Cycle:
         self.draining = False
         self.tally = Tally()
         self.gave_up_counted = 0  # of the inspector's running count
-        self.least = LeastCost(self)
+        self.least = LeastCost()
         self.state_since: float | None = None
         self.judged_at: float | None = None
         self.interval = 1.0  # the last tick's: how late a connection may first be seen
@@ -140,7 +140,9 @@ class Cycle:
         if problem is not None and problem != self.sight.tick_problem:
             new = True
             with contextlib.suppress(Exception):
-                self.store.add_event(self.server.name, self.clock(), E.TICK_FAILED, problem, {})
+                self.store.add_event(
+                    self.server.name, self.clock(), EventKind.TICK_FAILED, problem, {}
+                )
         self.sight.tick_problem = problem
         self.sight.tick_began = None
         self.sight.tick_moved = self.monotonic()
@@ -165,7 +167,7 @@ class Cycle:
             self.phase = Phase.FAILING
         for r in self.store.interrupt_unfinished(name, now):
             self.emit(
-                E.INTERRUPTED,
+                EventKind.INTERRUPTED,
                 f"a restart begun at {time.ctime(r.at)} never "
                 "finished (the watchdog stopped); it counts against the budget",
             )
@@ -193,7 +195,7 @@ class Cycle:
                 with self._asks:
                     self._carrying = None
         self._notice_jump(interval)
-        v = self.least.traffic() if self.checker.probe is None else None
+        v = self._proven_by_traffic() if self.checker.probe is None else None
         if v is None:
             if self.checker.probe is None:
                 # Most probes end in milliseconds; judge those in this tick.
@@ -252,11 +254,59 @@ class Cycle:
             if cause in NO_PROGRESS and trigger is Trigger.WEDGED:
                 reason = f"{reason}; restarting at once: waiting cannot cure {WORDS[cause]}"
             elif trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
-                why = self.least.cure(v)
+                why = self._cheaper_cure(v)
                 if why is None:
                     return
                 reason = f"{reason}; {why}" if why else reason
             self.restart(trigger.value, reason)
+
+    def _proven_by_traffic(self) -> Verdict | None:
+        """A verdict without a probe when the server's own counter proves it serves."""
+        route = self.server.profile.load
+        wants = self.server.probe.skip_on_traffic and route is not None and route.delivered
+        report = self.checker.look_at_load() if wants else None
+        v = self.least.traffic(self.verdict, report)
+        if v is not None:
+            self.crew.sink.skipped(self.server.name)
+        return v
+
+    def _cheaper_cure(self, v: Verdict) -> str | None:
+        """Cancel or wait (None), or why a restart is the cure ("" when none was weighed)."""
+        acts = not isinstance(self.manager, NoManager)
+        plan = self.least.plan(
+            v.evidence,
+            self.tally.restart_cost(),
+            self.monotonic(),
+            waited_before=self.incident is None or self.incident.waited,
+            cancel=self.server.profile.cancel if acts else None,
+        )
+        for ended in plan.ended:
+            self._record_cure(*ended)
+        if plan.begins is None or self.incident is None:
+            return plan.restart_why
+        self.incident.waited = True
+        said = plan.why
+        if plan.begins.cancel:
+            e = v.evidence
+            live = None if not e.live_connections else (e.oldest_live_s or 0.0) + self.interval
+            done = self.crew.cancel(self.server, e.waited_s or 0.0, live)
+            self._record_cure(plan.begins, "sent" if done.ok else "failed", done.detail)
+            if not done.ok:
+                self.least.cancel_failed()
+                return f"cancelling failed ({done.detail})"
+            said = f"{said}; {done.detail}"
+        within = round(plan.begins.until - plan.begins.began, 1)
+        self.transition(Phase.FAILING, EventKind.CLEARING, said, within_s=within)
+        return None
+
+    def _record_cure(self, wait: Clearing, outcome: str, detail: str) -> None:
+        action = {
+            "at": self.clock(),
+            "action": "cancel" if wait.cancel else "wait",
+            "outcome": outcome,
+            "detail": detail,
+        }
+        self.store.add_action(self.incident.id if self.incident else None, action)
 
     def _recurring(self, v: Verdict) -> Verdict:
         """An abandoned prefill back again after cures: named for its cause, the clients'
@@ -293,7 +343,11 @@ class Cycle:
         self.tally.gave_up.append((now, n))
         self.crew.sink.gave_up(self.server.name, n)
         self.store.add_event(
-            self.server.name, now, E.GAVE_UP, f"{n} client(s) gave up mid-request", {"count": n}
+            self.server.name,
+            now,
+            EventKind.GAVE_UP,
+            f"{n} client(s) gave up mid-request",
+            {"count": n},
         )
 
     def _notice_jump(self, interval: float) -> None:
@@ -353,10 +407,14 @@ class Cycle:
         )
         advice = self._advise(v)
         message = f"{v.reason}. {advice}" if advice else v.reason
-        self.transition(Phase.FAILING, E.DETECTED, message, advice=advice, **v.evidence.brief())
+        self.transition(
+            Phase.FAILING, EventKind.DETECTED, message, advice=advice, **v.evidence.brief()
+        )
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
-        how = self.least.served() or how
+        if (cleared := self.least.served(self.monotonic())) is not None:
+            how, ended = cleared
+            self._record_cure(*ended)
         self.streak = Streak()
         self.refused_said = False
         self.tally.last_token_at = at
@@ -377,7 +435,7 @@ class Cycle:
         )
         self.transition(
             Phase.NORMAL,
-            E.RECOVERED,
+            EventKind.RECOVERED,
             f"serving again ({how}); {timing}",
             outage_s=round(outage, 3),
             recover_s=None if recover_s is None else round(recover_s, 3),
@@ -393,7 +451,7 @@ class Cycle:
         """
         if isinstance(self.manager, NoManager):
             if manual:
-                self.emit(E.REFUSED, 'not restarting: manager = "none" observes only')
+                self.emit(EventKind.REFUSED, 'not restarting: manager = "none" observes only')
             return False
         if not manual and not self._budget_allows(self.clock()):
             return False
@@ -402,7 +460,7 @@ class Cycle:
         if problem is not None:
             if manual or not self.refused_said:
                 self.refused_said = True
-                self.emit(E.REFUSED, f"not restarting: {problem}", pid=pid)
+                self.emit(EventKind.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
         dump = self.crew.dump(pid, self.server.log_file)  # what the restart throws away
         incident = self.incident.id if self.incident else None
@@ -448,12 +506,13 @@ class Cycle:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
         still counts it."""
         started = self._restart_began = self.clock()
-        self.least.restarting()
+        if (ended := self.least.restarting(self.monotonic())) is not None:
+            self._record_cure(*ended)
         self.tally.restarts_here.append(self.monotonic())
         self.tally.last_restart = LastRestart(started, trigger)
         self._restart_row = self.store.start_restart(self.server.name, started, trigger)
         how = f"restarting through {self.manager.kind} ({reason})"
-        self.transition(Phase.RESTARTING, E.RESTARTING, how, trigger=trigger, pid=pid)
+        self.transition(Phase.RESTARTING, EventKind.RESTARTING, how, trigger=trigger, pid=pid)
 
     def _not_restarted(self, result: str, outcome: Outcome) -> None:
         back = (
@@ -462,7 +521,7 @@ class Cycle:
             else (Phase.FAILING if self.incident is not None else Phase.NORMAL)
         )
         if result == "interrupted":
-            self.transition(back, E.INTERRUPTED, "the watchdog stopped during the restart")
+            self.transition(back, EventKind.INTERRUPTED, "the watchdog stopped during the restart")
             return
         exited = self.manager.exited()
         if not outcome.ok:
@@ -471,7 +530,7 @@ class Cycle:
             why = f"the server {exited} before it served"
         else:
             why = f"no token within startup_grace ({self.server.probe.startup_grace:g}s)"
-        self.transition(back, E.RESTART_FAILED, why, steps=list(outcome.steps))
+        self.transition(back, EventKind.RESTART_FAILED, why, steps=list(outcome.steps))
 
     def _budget_allows(self, now: float) -> bool:
         settings = self.server.restart
@@ -484,7 +543,7 @@ class Cycle:
             said = budget_spent(allowance.used, settings.window, cured, cause)
             self.needs_person = said
             self.store.hold(self.server.name, now, self.needs_person)
-            self.transition(Phase.HELD, E.BUDGET_SPENT, said, cause=str(cause))
+            self.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))
         elif not allowance.allowed and not allowance.spent:
             wait = (allowance.not_before or now) - now
             log.info(

@@ -22,29 +22,28 @@ class Phase(StrEnum):
 
 
 # Each allowed move, and the events it may fire: the one place incident events come from.
-E = EventKind
 TRANSITIONS: dict[tuple[Phase, Phase], frozenset[EventKind | None]] = {
     # A wedged, dead or down verdict opens an incident.
-    (Phase.NORMAL, Phase.FAILING): frozenset({E.DETECTED}),
+    (Phase.NORMAL, Phase.FAILING): frozenset({EventKind.DETECTED}),
     # A wedge whose abandoned prefill ends sooner than a restart would bring the server back.
-    (Phase.FAILING, Phase.FAILING): frozenset({E.CLEARING}),
+    (Phase.FAILING, Phase.FAILING): frozenset({EventKind.CLEARING}),
     # A trigger the budget allows; or a person's restart, held or not, incident or not.
-    (Phase.FAILING, Phase.RESTARTING): frozenset({E.RESTARTING}),
-    (Phase.HELD, Phase.RESTARTING): frozenset({E.RESTARTING}),
-    (Phase.NORMAL, Phase.RESTARTING): frozenset({E.RESTARTING}),
+    (Phase.FAILING, Phase.RESTARTING): frozenset({EventKind.RESTARTING}),
+    (Phase.HELD, Phase.RESTARTING): frozenset({EventKind.RESTARTING}),
+    (Phase.NORMAL, Phase.RESTARTING): frozenset({EventKind.RESTARTING}),
     # A token after the restart; or a person's restart of a server with no incident open,
     # whatever its end (a server that does not serve afterwards gets its incident next tick).
     (Phase.RESTARTING, Phase.NORMAL): frozenset(
-        {E.RECOVERED, None, E.RESTART_FAILED, E.INTERRUPTED}
+        {EventKind.RECOVERED, None, EventKind.RESTART_FAILED, EventKind.INTERRUPTED}
     ),
     # No token by startup_grace, a manager that failed, or the watchdog stopping meanwhile.
-    (Phase.RESTARTING, Phase.FAILING): frozenset({E.RESTART_FAILED, E.INTERRUPTED}),
-    (Phase.RESTARTING, Phase.HELD): frozenset({E.RESTART_FAILED, E.INTERRUPTED}),
+    (Phase.RESTARTING, Phase.FAILING): frozenset({EventKind.RESTART_FAILED, EventKind.INTERRUPTED}),
+    (Phase.RESTARTING, Phase.HELD): frozenset({EventKind.RESTART_FAILED, EventKind.INTERRUPTED}),
     # The budget is spent: nothing more is tried until a person acts or the server serves.
-    (Phase.FAILING, Phase.HELD): frozenset({E.BUDGET_SPENT}),
+    (Phase.FAILING, Phase.HELD): frozenset({EventKind.BUDGET_SPENT}),
     # A token without a restart: it recovered by itself, which also ends a hold.
-    (Phase.FAILING, Phase.NORMAL): frozenset({E.RECOVERED}),
-    (Phase.HELD, Phase.NORMAL): frozenset({E.RECOVERED, None}),
+    (Phase.FAILING, Phase.NORMAL): frozenset({EventKind.RECOVERED}),
+    (Phase.HELD, Phase.NORMAL): frozenset({EventKind.RECOVERED, None}),
 }
 
 
