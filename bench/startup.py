@@ -132,7 +132,7 @@ total = int(sys.argv[2])
 # The clocks advance one interval a tick, as in a real run: what is kept for an hour (TTFTs
 # for status) fills as it would, not with 10,000 probes crammed into a few minutes.
 clock = [1.8e9, 1e6]
-daemon = Daemon(config, clock=lambda: clock[0], monotonic=lambda: clock[1])
+daemon = Daemon(config, wall=lambda: clock[0], mono=lambda: clock[1])
 proc = psutil.Process()
 marks = {}
 for i in range(1, total + 1):

@@ -69,7 +69,7 @@ def blind_daemon(
         sent.append((title, body))
         return True
 
-    daemon = Daemon(config, monotonic=mono, notify=notify)
+    daemon = Daemon(config, mono=mono, notify=notify)
     inspector = daemon.cycles["bad"].checker.inspector
     table = Broken(inspector.sample)
     inspector.sample = table  # type: ignore[method-assign]

@@ -71,7 +71,7 @@ def test_fall_back_a_time_in_the_repeated_hour_comes_twice_and_runs_once(berlin:
         datetime(2026, 10, 26, 1, 30, tzinfo=UTC),
     ]
     now = [at[0].timestamp()]
-    cal = Calendar(Store(None), Alerter([]), dict, lambda: 1.0, None, clock=lambda: now[0])
+    cal = Calendar(Store(None), Alerter([]), dict, lambda: 1.0, None, wall=lambda: now[0])
     assert cal.once("summary") is True
     now[0] = at[1].timestamp()
     assert cal.once("summary") is False  # the same local date: not twice

@@ -142,7 +142,7 @@ def test_many_slow_cancels_end_within_the_budget_in_all() -> None:
         return (200, json.dumps(listed).encode()) if method == "GET" else (200, b"{}")
 
     done = cancel_abandoned(
-        server_for("http://127.0.0.1:9", "vllm-mlx"), 1.0, call=slow, clock=lambda: now[0]
+        server_for("http://127.0.0.1:9", "vllm-mlx"), 1.0, call=slow, mono=lambda: now[0]
     )
     assert not done.ok and "took longer than 10s in all" in done.detail
     assert deadlines == [5.0, 5.0, 2.0] and now[0] == 12.0

@@ -42,7 +42,7 @@ def settle(inspector: Inspector, live: int, abandoned: int) -> None:
 def test_live_and_abandoned_connections_and_their_age(bad_server: Callable[..., Running]) -> None:
     srv = bad_server("hang")
     clock = Clock()
-    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"), clock=clock)
+    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"), mono=clock)
     first, second = hold(srv.port), hold(srv.port)
     try:
         settle(inspector, live=2, abandoned=0)
@@ -69,7 +69,7 @@ def test_a_client_that_half_closes_after_sending_still_waits(
     CLOSE_WAIT, as a departed client's; but the client still holds its socket and reads the
     answer. A client that then closes is gone."""
     srv = bad_server("hang")
-    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"), clock=Clock())
+    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"), mono=Clock())
     half, gone = hold(srv.port), hold(srv.port)
     try:
         settle(inspector, live=2, abandoned=0)

@@ -250,7 +250,7 @@ def test_an_answered_probes_shorter_keep_is_written_with_the_next_probe(tmp_path
 
     now = [1000.0]
     path = tmp_path / "left-probes.json"
-    left = LeftProbes(path, clock=lambda: now[0])
+    left = LeftProbes(path, wall=lambda: now[0])
     first, second = ("127.0.0.1", 50000), ("127.0.0.1", 50001)
     left.add(first, keep_for=600.0)
     written = path.read_text()

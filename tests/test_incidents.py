@@ -108,7 +108,7 @@ def test_a_sleep_or_clock_jump_is_not_a_wedge(
     server["probe"] = {"slow_after": "1s", "wedge_after": "10s"}
     raw["watchdog"]["interval"] = "5s"  # type: ignore[index]
     clocks = Clocks()
-    daemon = Daemon(parse_config(raw), clock=lambda: clocks.wall, monotonic=lambda: clocks.mono)
+    daemon = Daemon(parse_config(raw), wall=lambda: clocks.wall, mono=lambda: clocks.mono)
     try:
         assert daemon.tick("bad") is None  # the probe is out, too early to tell
         until(lambda: daemon.cycles["bad"].checker.inspector.sample().live == 1, 5, "the probe")

@@ -293,7 +293,7 @@ def test_the_counter_stall_is_measured_between_answers() -> None:
         return httpx.Response(200, stream=httpx.ByteStream(body.encode()))
 
     server = ServerConfig(name="l", url="http://127.0.0.1:9", kind="llama.cpp")
-    reader = LoadReader(server, clock=lambda: now[0], transport=httpx.MockTransport(answer))
+    reader = LoadReader(server, mono=lambda: now[0], transport=httpx.MockTransport(answer))
     reader._health = lambda path: (200, "")  # type: ignore[method-assign]
     seen = []
     for t in (0.0, 10.0, 20.0, 30.0):

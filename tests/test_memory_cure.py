@@ -48,7 +48,7 @@ def test_the_start_waits_until_the_stopped_servers_memory_is_back() -> None:
         8 * GIB,
         read=lambda: Machine(16 * GIB, next(readings), 0, 0),
         sleep=clock.sleep,
-        monotonic=clock,
+        mono=clock,
     )
     said = settle()
     assert said == "memory back after 1.0 s: 9.0 GiB available (+7.0 GiB)"
@@ -61,7 +61,7 @@ def test_memory_that_never_comes_back_is_said_and_the_start_goes_ahead() -> None
         8 * GIB,
         read=lambda: Machine(16 * GIB, 2 * GIB, 0, 0),
         sleep=clock.sleep,
-        monotonic=clock,
+        mono=clock,
         limit=5.0,
     )
     said = settle()
@@ -72,7 +72,7 @@ def test_memory_that_never_comes_back_is_said_and_the_start_goes_ahead() -> None
 
 def test_memory_that_cannot_be_read_is_not_waited_for() -> None:
     clock = Clock()
-    settle = Settle(GIB, read=lambda: None, sleep=clock.sleep, monotonic=clock)
+    settle = Settle(GIB, read=lambda: None, sleep=clock.sleep, mono=clock)
     assert settle() == "memory could not be read: started without waiting for it"
     assert clock.now == 0.0
 

@@ -82,7 +82,7 @@ def test_corrupt_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFi
     path = tmp_path / "h.db"
     path.write_bytes(b"this is not sqlite at all" * 100)
     with caplog.at_level(logging.ERROR):
-        store = Store(path, clock=lambda: 1234.0)
+        store = Store(path, wall=lambda: 1234.0)
     aside = tmp_path / "h.db.corrupt-1234"
     assert aside.read_bytes().startswith(b"this is not sqlite")
     assert store.problem and "corrupt" in store.problem and "moved it to" in caplog.text
@@ -94,7 +94,7 @@ def test_a_corrupt_historys_journal_goes_aside_with_it(tmp_path: Path) -> None:
     """A hot journal left beside a fresh database would be rolled into it (SQLite replays a
     journal it finds valid on the next open; it deletes one it does not)."""
     path = tmp_path / "h.db"
-    store = Store(path, clock=lambda: 77.0)
+    store = Store(path, wall=lambda: 77.0)
     store.close()
     (tmp_path / "h.db-journal").write_bytes(b"the journal of a transaction cut short")
     store.db._move_aside(sqlite3.DatabaseError("database disk image is malformed"))
@@ -105,7 +105,7 @@ def test_a_corrupt_historys_journal_goes_aside_with_it(tmp_path: Path) -> None:
 
 def test_file_found_corrupt_while_running_is_replaced(tmp_path: Path) -> None:
     path = tmp_path / "h.db"
-    store = Store(path, clock=lambda: 99.0)
+    store = Store(path, wall=lambda: 99.0)
     store.close()
     path.write_bytes(b"garbage" * 1000)
     for suffix in ("-wal", "-shm"):

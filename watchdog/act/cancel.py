@@ -60,17 +60,17 @@ def cancel_abandoned(
     live_age_s: float | None = None,
     *,
     call: Send = send,
-    clock: Callable[[], float] = time.monotonic,
+    mono: Callable[[], float] = time.monotonic,
 ) -> Cancelled:
     """Cancel the requests of clients that left: not the probe's (waiting `probe_age_s`), not
     newer ones, and none a live client may have sent (`live_age_s`: the oldest live
     connection's age as the watchdog saw it, interval included; None: none is connected),
     within CANCEL_BUDGET seconds in all."""
     style = server.profile.cancel
-    ends = clock() + CANCEL_BUDGET
+    ends = mono() + CANCEL_BUDGET
 
     def bounded(*args: Any, **kw: Any) -> tuple[int, bytes]:
-        left = min(CANCEL_TIMEOUT, ends - clock())
+        left = min(CANCEL_TIMEOUT, ends - mono())
         if left <= 0:
             raise Overdue(f"the cancel took longer than {CANCEL_BUDGET:g}s in all")
         return call(*args, **{**kw, "deadline": left})

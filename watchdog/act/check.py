@@ -41,7 +41,7 @@ class CheckResult:
 class Checker:
     """Checks one server, round after round; one probe in flight at most.
 
-    `clock` measures spans (monotonic in the daemon); the left-probe file keeps wall time.
+    `mono` measures spans (a monotonic clock); the left-probe file keeps wall time.
     """
 
     def __init__(
@@ -51,7 +51,7 @@ class Checker:
         left: LeftProbes | None = None,
         table: ProcessTable | None = None,
         inspector: Inspector | None = None,
-        clock: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         short_lived: bool = False,
         announce_probe: bool = False,
@@ -60,14 +60,14 @@ class Checker:
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
-        self.clock = clock
+        self.mono = mono
         self.short_lived = short_lived  # announce each connection: the process may exit first
         # The daemon announces its probe's connection only: if it dies (kill -9), the next one
         # must not take the probe it left on the server for a client that gave up.
         self.announce_probe = announce_probe
-        self.inspector = inspector or Inspector(server, table=table, clock=clock, wall=wall)
-        self.own = OwnConnections(server.probe.hard_timeout, clock)
-        self.load = LoadReader(server, clock=clock, own=self.own)
+        self.inspector = inspector or Inspector(server, table=table, mono=mono, wall=wall)
+        self.own = OwnConnections(server.probe.hard_timeout, mono)
+        self.load = LoadReader(server, mono=mono, own=self.own)
         self.progress: LogProgress = progress_reader(server, wall=wall)
         self.unread = progress_unread(server)  # once: finding a launchd job's log reads a file
         self.probe: Probe | None = None
@@ -91,7 +91,7 @@ class Checker:
         if self.probe is None:
             self.live_seen = None
             self.probe = Probe(
-                self.server, clock=self.clock, on_connect=self._probe_connected
+                self.server, mono=self.mono, on_connect=self._probe_connected
             ).start()
             used: list[tuple[str, int]] = []
 
@@ -99,7 +99,7 @@ class Checker:
                 used.append(address)
                 self.connected(address)
 
-            self.models = check_models(self.server, clock=self.clock, on_connect=note)
+            self.models = check_models(self.server, mono=self.mono, on_connect=note)
             if self.models.status is not None:  # answered: the server closes its end
                 for address in used:
                     self.own.answered(address)
@@ -112,7 +112,7 @@ class Checker:
         if moved:
             self.abort()
             old = self.inspector
-            self.inspector = Inspector(server, table=old.table, clock=self.clock, wall=old.wall)
+            self.inspector = Inspector(server, table=old.table, mono=self.mono, wall=old.wall)
             self.leak_since = self.loading_since = None
         self.server = server
         self.inspector.server = server
@@ -155,11 +155,11 @@ class Checker:
                 self.left.shorten(probe.local_address, keep_for=ANSWERED_GRACE)
         process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
         if process.live:
-            self.live_seen = self.clock()
+            self.live_seen = self.mono()
         load = self.load.read()
         fans_out = self.server.profile.fans_out
         if leaked_requests(load, process, fans_out=fans_out) > 0:
-            self.leak_since = self.clock() if self.leak_since is None else self.leak_since
+            self.leak_since = self.mono() if self.leak_since is None else self.leak_since
         else:
             self.leak_since = None
         if snap.finding == ProbeFinding.LOADING:
@@ -213,7 +213,7 @@ class Checker:
             return None
         if cpu is not None and not snap.done:
             self.cpu_over_wait = [*self.cpu_over_wait[-(CPU_KEPT - 1) :], cpu]
-        suspected = not snap.done and snap.waited(self.clock()) >= self.server.probe.wedge_after
+        suspected = not snap.done and snap.waited(self.mono()) >= self.server.probe.wedge_after
         if not suspected and not self.progress.errors and not snap.done:
             return None
         local = self.inspector.local
@@ -225,7 +225,7 @@ class Checker:
         )
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:
-        return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.clock())
+        return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.mono())
 
     def abort(self) -> None:
         if self.probe is not None:
@@ -245,7 +245,7 @@ def check_once(
     inspector: Inspector | None = None,
     pid: int | None = None,
     left: LeftProbes | None = None,
-    clock: Callable[[], float] = time.time,
+    mono: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> CheckResult:
     """Probe until a token comes or the wait reaches `wedge_after`, then judge.
@@ -255,25 +255,25 @@ def check_once(
     a caller that exits before the probe ends.
     """
     checker = Checker(
-        server, left=left, inspector=inspector, clock=clock, short_lived=left is not None
+        server, left=left, inspector=inspector, mono=mono, short_lived=left is not None
     )
     checker.inspector.sample(pid)  # the first CPU reading only starts psutil's interval
     probe = checker.start()
-    looked = clock()
+    looked = mono()
     observation: Observation | None = None
     while True:
         snap = probe.snapshot()
-        if snap.done or snap.waited(clock()) >= server.probe.wedge_after:
+        if snap.done or snap.waited(mono()) >= server.probe.wedge_after:
             break
-        if clock() - looked >= LOOK:  # as the daemon's ticks: what persists is not a race
-            observation, looked = checker.observe(pid), clock()
+        if mono() - looked >= LOOK:  # as the daemon's ticks: what persists is not a race
+            observation, looked = checker.observe(pid), mono()
             if checker.probe is None:
                 break  # the probe ended during this look: that look is the last
             observation = None
         sleep(POLL)
     if observation is None:
         observation = checker.observe(pid)
-    verdict = judge(observation, server.probe, clock())
+    verdict = judge(observation, server.probe, mono())
     assert verdict is not None, "a finished probe or one past wedge_after is always judged"
     checker.leave()
     return CheckResult(server, verdict, observation)

@@ -60,14 +60,14 @@ class Ladder:
         *,
         system: System | None = None,
         table: ProcessTable | None = None,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
         stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.system = system or System()
         self.table = table or ProcessTable()
-        self.clock = clock
-        self.monotonic = monotonic
+        self.wall = wall
+        self.mono = mono
         self.stopping = stopping
 
     def identity(self, server: ServerConfig, manager: Manager) -> tuple[int | None, str | None]:
@@ -126,23 +126,23 @@ class Ladder:
         """Probe until a token comes (also warming the prompt cache) or startup_grace ends;
         the wall time of the token. A server the manager saw exit again has not started: a
         process counts as started only once it serves."""
-        deadline = self.monotonic() + server.probe.startup_grace
+        deadline = self.mono() + server.probe.startup_grace
         while not self.stopping():
-            left = deadline - self.monotonic()
+            left = deadline - self.mono()
             if left <= 0 or manager.exited() is not None:
                 return None
             probing = replace(server, probe=replace(server.probe, hard_timeout=left))
             # Its connections are the watchdog's own: a probe that times out on a server
             # still starting must not count as a client that gave up.
-            probe = Probe(probing, clock=self.monotonic, on_connect=checker.connected).start()
+            probe = Probe(probing, mono=self.mono, on_connect=checker.connected).start()
             while not probe.wait(0.2):
                 if self.stopping():
                     probe.abort()
                     return None
             snap = probe.snapshot()
             if snap.finding == OK:
-                token = snap.first_token_at or self.monotonic()
-                return self.clock() - (self.monotonic() - token)
+                token = snap.first_token_at or self.mono()
+                return self.wall() - (self.mono() - token)
             if snap.finding in DOWN_FINDINGS or snap.finding == ProbeFinding.RESET:
                 self.system.sleep(RETRY_PAUSE)  # not listening yet
             else:
@@ -151,8 +151,8 @@ class Ladder:
 
     def _wait_drained(self, server: ServerConfig, manager: Manager, checker: Checker) -> None:
         """Wait (bounded) for live clients to finish before a restart."""
-        deadline = self.monotonic() + server.restart.drain_timeout
-        while self.monotonic() < deadline and not self.stopping():
+        deadline = self.mono() + server.restart.drain_timeout
+        while self.mono() < deadline and not self.stopping():
             live = checker.inspector.sample(manager.pid(), exclude=checker.own.addresses()).live
             if not live:
                 return

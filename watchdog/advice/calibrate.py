@@ -197,7 +197,7 @@ def run_calibration(
     *,
     say: Callable[[str], None] = lambda _: None,
     timeout: float = 1800.0,
-    clock: Callable[[], float] = time.time,
+    wall: Callable[[], float] = time.time,
 ) -> Calibration:
     per_word = tokens_per_word(server, timeout)
     points: list[Point] = []
@@ -211,7 +211,7 @@ def run_calibration(
         say(f"  {point.prompt_tokens} tokens: first token after {point.prefill_s:.2f} s")
     say("decoding a longer answer ...")
     decode_tps, decode_note = decode_rate(server, timeout)
-    return Calibration(server.name, clock(), tuple(points), fit(points), decode_tps, decode_note)
+    return Calibration(server.name, wall(), tuple(points), fit(points), decode_tps, decode_note)
 
 
 def tokens_per_word(server: ServerConfig, timeout: float) -> float:

@@ -78,14 +78,14 @@ def measure_side(
     *,
     say: Callable[[str], None] = lambda _: None,
     timeout: float = 1800.0,
-    clock: Callable[[], float] = time.monotonic,
+    mono: Callable[[], float] = time.monotonic,
 ) -> Side:
     """Every request of the side within `timeout` seconds in all: each gets what is left, so a
     server that never answers ends the comparison at the limit, not after a request's own."""
-    deadline = clock() + timeout
+    deadline = mono() + timeout
 
     def left() -> float:
-        remaining = deadline - clock()
+        remaining = deadline - mono()
         if remaining <= 0:
             raise CalibrationError(f"{server.name}: not measured within the limit of {timeout:g}s")
         return remaining

@@ -109,38 +109,38 @@ def run_drill(
     restart: Callable[[str], bool] = lambda _: False,
     say: Callable[[str], None] = lambda _: None,
     left: LeftProbes | None = None,
-    clock: Callable[[], float] = time.time,
+    mono: Callable[[], float] = time.monotonic,
 ) -> DrillResult:
-    baseline = Probe(server, clock=clock).run()  # the watchdog's own tiny probe, idle
+    baseline = Probe(server, mono=mono).run()  # the watchdog's own tiny probe, idle
     warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, 120.0)
     per_word = (warm.prompt_tokens or WORDS_PROBE) / WORDS_PROBE
     words = max(1, int(prompt_tokens / per_word))
     text = filler(words, secrets.token_hex(8))
     say(f"sending a {prompt_tokens}-token prompt and giving up after {give_up_after:g} s")
     _abandon(server, text, give_up_after)
-    gave_up = clock()
+    gave_up = mono()
     settings = replace(server.probe, hard_timeout=max_wait, max_busy=max(max_wait, 1.0))
     checker = Checker(
-        replace(server, probe=settings), left=left, clock=clock, short_lived=left is not None
+        replace(server, probe=settings), left=left, mono=mono, short_lived=left is not None
     )
     before = checker.inspector.sample().pid
     tiny = checker.start()
     models_status = checker.models.status if checker.models else None
     say("a tiny request waits for its first token ...")
-    abandoned, cpu_max = _watch(checker, tiny, gave_up + max_wait, clock)
+    abandoned, cpu_max = _watch(checker, tiny, gave_up + max_wait, mono)
     snap = tiny.snapshot()
     answered = snap.finding == OK and snap.first_token_at is not None
     restarted = False
     replaced_after = served_after = None
-    now_pid = Inspector(server, clock=clock).sample().pid  # a fresh look: the listener now
+    now_pid = Inspector(server, mono=mono).sample().pid  # a fresh look: the listener now
     if not answered and before is not None and now_pid != before:
         # A running daemon restarted it meanwhile: say so, and never ask for a second one.
-        replaced_after = clock() - gave_up
+        replaced_after = mono() - gave_up
         became = f"PID {before} -> {now_pid}" if now_pid is not None else f"PID {before} is gone"
         say(f"the server was restarted meanwhile ({became}); waiting for it")
-        served_after = _served_again(server, settings, gave_up + max_wait, clock)
+        served_after = _served_again(server, settings, gave_up + max_wait, mono)
         served_after = None if served_after is None else served_after - gave_up
-    elif not answered and clock() - gave_up >= max_wait:
+    elif not answered and mono() - gave_up >= max_wait:
         tiny.abort()
         say(f"no answer within {max_wait:g} s; asking the watchdog to restart the server")
         restarted = restart(server.name)
@@ -152,7 +152,7 @@ def run_drill(
         stall_s=round(snap.first_token_at - gave_up, 2)
         if answered and snap.first_token_at
         else None,
-        tiny_waited_s=round(clock() - gave_up, 2),
+        tiny_waited_s=round(mono() - gave_up, 2),
         abandoned_seen=abandoned,
         cpu_percent_max=cpu_max,
         models_status=models_status,
@@ -164,7 +164,7 @@ def run_drill(
 
 
 def _watch(
-    checker: Checker, tiny: Probe, until: float, clock: Callable[[], float]
+    checker: Checker, tiny: Probe, until: float, mono: Callable[[], float]
 ) -> tuple[int, float | None]:
     """While the tiny request waits: the most abandoned connections and CPU seen."""
     abandoned, cpu_max = 0, None
@@ -173,19 +173,19 @@ def _watch(
         abandoned = max(abandoned, ev.abandoned or 0)
         if ev.cpu_percent is not None:
             cpu_max = max(cpu_max or 0.0, ev.cpu_percent)
-        if clock() > until:
+        if mono() > until:
             break
     return abandoned, cpu_max
 
 
 def _served_again(
-    server: ServerConfig, settings: Any, until: float, clock: Callable[[], float]
+    server: ServerConfig, settings: Any, until: float, mono: Callable[[], float]
 ) -> float | None:
     """When a tiny request to a server being restarted gets its first token; None by `until`.
     Refused or reset while the new process starts: asked again."""
-    while clock() < until:
-        left = until - clock()
-        snap = Probe(replace(server, probe=replace(settings, hard_timeout=left)), clock=clock).run()
+    while mono() < until:
+        left = until - mono()
+        snap = Probe(replace(server, probe=replace(settings, hard_timeout=left)), mono=mono).run()
         if snap.finding == OK and snap.first_token_at is not None:
             return snap.first_token_at
         time.sleep(0.5)

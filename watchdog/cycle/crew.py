@@ -56,8 +56,8 @@ class Crew:
     alerter: Alerter
     ladder: Ladder
     sink: Sink
-    clock: Callable[[], float] = time.time  # wall time, for what is recorded and shown
-    monotonic: Callable[[], float] = time.monotonic  # spans: probe waits, down and busy times
+    wall: Callable[[], float] = time.time  # wall time, for what is recorded and shown
+    mono: Callable[[], float] = time.monotonic  # spans: probe waits, down and busy times
     # The server's last words before a restart (stacks, log tail, sockets), within 2 s.
     dump: Callable[[int | None, Path | None], Dump] = take
     # Cancelling the requests of clients that left, where the server's kind can.

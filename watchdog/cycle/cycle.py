@@ -60,7 +60,7 @@ class Cycle:
         self.checker = checker
         self.crew = crew
         self.store = crew.store
-        self.clock, self.monotonic = crew.clock, crew.monotonic
+        self.wall, self.mono = crew.wall, crew.mono
         self.verdict: Verdict | None = None
         self.streak = Streak()
         self.phase = Phase.NORMAL
@@ -74,7 +74,7 @@ class Cycle:
         self.judged_at: float | None = None
         self.interval = 1.0  # the last tick's: how late a connection may first be seen
         self.started_mono: float | None = None  # the watchdog started the server itself then
-        self.sight = Sight(watched_since=self.monotonic(), tick_moved=self.monotonic())
+        self.sight = Sight(watched_since=self.mono(), tick_moved=self.mono())
         self.refused_said = False  # the identity refusal is said once until the server serves
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
         self.requests: deque[str] = deque()
@@ -131,7 +131,7 @@ class Cycle:
             self.restart("reload", "its command changed in the config", manual=True)
 
     def tick_begins(self) -> None:
-        self.sight.tick_began = self.sight.tick_moved = self.monotonic()
+        self.sight.tick_began = self.sight.tick_moved = self.mono()
 
     def tick_ends(self, problem: str | None) -> bool:
         """The tick is over (`problem`: why it failed); True when that failure is new (said
@@ -141,22 +141,22 @@ class Cycle:
             new = True
             with contextlib.suppress(Exception):
                 self.store.add_event(
-                    self.server.name, self.clock(), EventKind.TICK_FAILED, problem, {}
+                    self.server.name, self.wall(), EventKind.TICK_FAILED, problem, {}
                 )
         self.sight.tick_problem = problem
         self.sight.tick_began = None
-        self.sight.tick_moved = self.monotonic()
+        self.sight.tick_moved = self.mono()
         return new
 
     def ticked(self) -> None:
         """Even after a fault: the next tick measures its gap from here, not from the last
         good one (that would read as a clock jump every time)."""
-        self.sight.last_tick = (self.clock(), self.monotonic())
+        self.sight.last_tick = (self.wall(), self.mono())
 
     def load(self) -> None:
         """Take up where the history left off: an open incident, a hold, the day's numbers,
         and restarts an earlier watchdog began and never finished."""
-        name, now = self.server.name, self.clock()
+        name, now = self.server.name, self.wall()
         row = self.store.open_incident_for(name)
         if row is not None:
             self.incident = OpenIncident(row.began_at, row.state, row.id)
@@ -177,7 +177,7 @@ class Cycle:
         """The daemon started the server itself: its first token measures what a restart
         costs until one is measured (the wait-or-restart choice needs a true cost, not the
         30 s default: a small model is back in seconds, a large one in minutes)."""
-        self.started_mono = self.monotonic()
+        self.started_mono = self.mono()
 
     @property
     def restarting(self) -> bool:
@@ -202,22 +202,22 @@ class Cycle:
                 self.checker.start().wait(min(self.server.probe.slow_after, interval / 2))
             v = self.checker.judge(self.manager.pid(), fresh_since=self.sight.fresh_since)
         if v is not None:
-            self.sight.verdict_mono = self.monotonic()
-            now = self.clock()
+            self.sight.verdict_mono = self.mono()
+            now = self.wall()
             self.store.record_probe(self.server.name, now, v.state, v.reason, v.evidence.to_json())
             self.crew.sink.observe(self.server.name, v)
             if v.evidence.ttft_s is not None:
                 self.tally.ttfts.append((now, v.evidence.ttft_s))
             self._judged(v)
         self._count_gave_up()
-        self.tally.forget_old(self.clock())
+        self.tally.forget_old(self.wall())
         return self.verdict
 
     def _judged(self, v: Verdict) -> None:
         v = self._recurring(v)
         before = self.verdict.state if self.verdict else None
         self.verdict = v
-        now = self.judged_at = self.clock()
+        now = self.judged_at = self.wall()
         if before != v.state:
             self.state_since = now
             log.info("%s %s", self.server.name, v.reason)
@@ -225,7 +225,7 @@ class Cycle:
             # Recovered only on a token: "slow" also means no token yet, before wedge_after.
             if v.evidence.tokens > 0 and self.started_mono is not None:
                 if not self.tally.served_s:
-                    self.tally.served_s.append(round(self.monotonic() - self.started_mono, 1))
+                    self.tally.served_s.append(round(self.mono() - self.started_mono, 1))
                 self.started_mono = None
             if v.evidence.tokens > 0 and not self.least.held_down(v, now):
                 self.recovered(
@@ -234,7 +234,7 @@ class Cycle:
             return
         exited = self.manager.exited() if v.state == State.DOWN else None
         self.streak, trigger = triggers.step(
-            self.streak, v.state, self.monotonic(), self.server.probe, exited=exited is not None
+            self.streak, v.state, self.mono(), self.server.probe, exited=exited is not None
         )
         if v.state not in BAD_STATES:
             return
@@ -276,7 +276,7 @@ class Cycle:
         plan = self.least.plan(
             v.evidence,
             self.tally.restart_cost(),
-            self.monotonic(),
+            self.mono(),
             waited_before=self.incident is None or self.incident.waited,
             cancel=self.server.profile.cancel if acts else None,
         )
@@ -301,7 +301,7 @@ class Cycle:
 
     def _record_cure(self, wait: Clearing, outcome: str, detail: str) -> None:
         action = {
-            "at": self.clock(),
+            "at": self.wall(),
             "action": "cancel" if wait.cancel else "wait",
             "outcome": outcome,
             "detail": detail,
@@ -329,7 +329,7 @@ class Cycle:
 
     def cured_lately(self) -> int:
         """Incidents from abandoned requests in the budget's window that ended served."""
-        since = self.clock() - self.server.restart.window
+        since = self.wall() - self.server.restart.window
         held = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS)
         return sum(1 for at, cause in self.tally.cured if at >= since and cause in held)
 
@@ -338,7 +338,7 @@ class Cycle:
         n = self.checker.inspector.gave_up - self.gave_up_counted
         if n <= 0:
             return
-        now = self.clock()
+        now = self.wall()
         self.gave_up_counted += n
         self.tally.gave_up.append((now, n))
         self.crew.sink.gave_up(self.server.name, n)
@@ -352,7 +352,7 @@ class Cycle:
 
     def _notice_jump(self, interval: float) -> None:
         """After a jump, streaks end and what the server said of its load is forgotten."""
-        if self.sight.notice_jump(self.server.name, self.clock(), self.monotonic(), interval):
+        if self.sight.notice_jump(self.server.name, self.wall(), self.mono(), interval):
             self.checker.load.forget()
             self.streak = Streak()
 
@@ -379,7 +379,7 @@ class Cycle:
 
     def emit(self, kind: EventKind, message: str, **data: object) -> None:
         """Record, log and send one event; incident events come through `transition`."""
-        now, name = self.clock(), self.server.name
+        now, name = self.wall(), self.server.name
         state = self.verdict.state if self.verdict else None
         level = logging.ERROR if kind in LOUD else logging.WARNING
         log.log(level, "%s %s: %s", name, kind, message)
@@ -389,7 +389,7 @@ class Cycle:
 
     def _detected(self, v: Verdict, began: float) -> None:
         """Open the incident: in memory always, in the history when it can be written."""
-        now = self.clock()
+        now = self.wall()
         seen = [
             *abandoned_lately(self.store, self.server.name, now),
             Abandoned.of(v.evidence.to_json()),
@@ -412,7 +412,7 @@ class Cycle:
         )
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
-        if (cleared := self.least.served(self.monotonic())) is not None:
+        if (cleared := self.least.served(self.mono())) is not None:
             how, ended = cleared
             self._record_cure(*ended)
         self.streak = Streak()
@@ -453,7 +453,7 @@ class Cycle:
             if manual:
                 self.emit(EventKind.REFUSED, 'not restarting: manager = "none" observes only')
             return False
-        if not manual and not self._budget_allows(self.clock()):
+        if not manual and not self._budget_allows(self.wall()):
             return False
         ladder = self.crew.ladder
         pid, problem = ladder.identity(self.server, self.manager)
@@ -474,7 +474,7 @@ class Cycle:
         climb = ladder.climb(
             self.server, self.manager, self.checker, drain=drain, begin=begin, settle=settle
         )
-        done, started = self.clock(), self._restart_began
+        done, started = self.wall(), self._restart_began
         self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
         served_s = None if climb.served_at is None else climb.served_at - started
         self.store.finish_restart(self._restart_row, done, climb.result, served_s)
@@ -496,7 +496,7 @@ class Cycle:
             return None
         freed = resident(self.manager.pid())
         system = self.crew.ladder.system
-        return Settle(freed, read=self.crew.machine, sleep=system.sleep, monotonic=self.monotonic)
+        return Settle(freed, read=self.crew.machine, sleep=system.sleep, mono=self.mono)
 
     def _held_by(self) -> str:
         machine = self.crew.machine()
@@ -505,10 +505,10 @@ class Cycle:
     def _begin(self, trigger: str, reason: str, pid: int | None) -> None:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
         still counts it."""
-        started = self._restart_began = self.clock()
-        if (ended := self.least.restarting(self.monotonic())) is not None:
+        started = self._restart_began = self.wall()
+        if (ended := self.least.restarting(self.mono())) is not None:
             self._record_cure(*ended)
-        self.tally.restarts_here.append(self.monotonic())
+        self.tally.restarts_here.append(self.mono())
         self.tally.last_restart = LastRestart(started, trigger)
         self._restart_row = self.store.start_restart(self.server.name, started, trigger)
         how = f"restarting through {self.manager.kind} ({reason})"
@@ -534,7 +534,7 @@ class Cycle:
 
     def _budget_allows(self, now: float) -> bool:
         settings = self.server.restart
-        allowance = budget.allowance(settings, self.tally.restarts(now, self.monotonic()), now)
+        allowance = budget.allowance(settings, self.tally.restarts(now, self.mono()), now)
         if allowance.spent and self.needs_person is None:
             since = now - settings.window
             cured = sum(1 for at in self.tally.restarts_served if at >= since)
@@ -576,7 +576,7 @@ class Cycle:
                     self.tally.last_restart,
                     queued=queued,
                     running=self.restarting,
-                    now=self.clock(),
+                    now=self.wall(),
                     interval=interval,
                 )
                 if why is not None:

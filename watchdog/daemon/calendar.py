@@ -8,7 +8,7 @@ the daemon starts the calendar.
 
 As APScheduler 3.11's CronTrigger computes it (tests/test_calendar.py checks each):
 - spring forward: a time in the skipped hour (02:30 in Europe/Berlin on 29 March 2026) comes
-  once, an hour later by the clock (03:30 summer time);
+  once, an hour later by the wall (03:30 summer time);
 - fall back: a time in the repeated hour comes twice; each job runs once a local date, so the
   second is skipped (and logged);
 - the clock stepped forward past a job's time: the scheduler also wakes every WAKE seconds,
@@ -108,14 +108,14 @@ class Calendar:
         cycles: Callable[[], Mapping[str, Cycle]],
         interval: Callable[[], float],
         maintain: Maintain | None,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.alerter = alerter
         self.cycles = cycles
         self.interval = interval
         self.maintain = maintain
-        self.clock = clock
+        self.wall = wall
         self._scheduler: BackgroundScheduler | None = None
         self._ran: dict[str, str] = {}  # job id -> the local date it last ran
         self._kept: dict[str, datetime] = {}  # a reload's unchanged jobs: their next runs
@@ -189,7 +189,7 @@ class Calendar:
 
     def once(self, job_id: str) -> bool:
         """Each job runs once a local date (a fall-back hour comes twice)."""
-        today = time.strftime("%Y-%m-%d", time.localtime(self.clock()))
+        today = time.strftime("%Y-%m-%d", time.localtime(self.wall()))
         if self._ran.get(job_id) == today:
             log.info("%s already ran today (%s); not again", job_id, today)
             return False
@@ -199,7 +199,7 @@ class Calendar:
     def summary(self) -> None:
         if not self.once("summary"):
             return
-        now = self.clock()
+        now = self.wall()
         for name, cycle in self.cycles().items():
             text, numbers = daily_summary(self.store, name, now)
             state = cycle.verdict.state if cycle.verdict else None
@@ -231,7 +231,7 @@ class Calendar:
     def _say(
         self, kind: EventKind, name: str, text: str, state: str | None, data: dict[str, Any]
     ) -> None:
-        now = self.clock()
+        now = self.wall()
         log.info("%s %s: %s", name, kind, text)
         self.store.add_event(name, now, kind, text, data)
         self.alerter.send(Event(kind, name, now, text, state, data))

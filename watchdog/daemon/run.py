@@ -67,8 +67,8 @@ class Daemon:
         system: System | None = None,
         table: ProcessTable | None = None,
         notify: Notify = apprise_notify,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
         notifier: Notifier | None = None,
         stop_timeout: float = STOP_TIMEOUT,
         maintain: Maintain | None = None,
@@ -86,12 +86,12 @@ class Daemon:
         for left in self.system.settle_left():
             log.warning("ended a command the previous watchdog left running: %s", left)
         self.table = table or ProcessTable()
-        self.clock = clock  # wall time, for what is recorded and shown
-        self.monotonic = monotonic  # spans: probe waits, down and busy times
+        self.wall = wall  # wall time, for what is recorded and shown
+        self.mono = mono  # spans: probe waits, down and busy times
         self.stop_timeout = stop_timeout  # for a restart in progress to finish by itself
         self.left = left_probes(config.watchdog.state_dir)
         self.state_dir = config.watchdog.state_dir
-        self.store = Store(self.state_dir / HISTORY_FILE, clock=clock, behind=True)
+        self.store = Store(self.state_dir / HISTORY_FILE, wall=wall, behind=True)
         self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -99,19 +99,19 @@ class Daemon:
         self._active = 0
         self._active_cv = threading.Condition()
         self.metrics = Metrics(self.status)
-        self.days = Days(self.store, lambda: self.interval, clock, monotonic)
+        self.days = Days(self.store, lambda: self.interval, wall, mono)
         self._page_lock = threading.Lock()
         self._page: tuple[float, str] = (0.0, "")  # (when rendered, monotonic; the page)
         ladder = Ladder(
             system=self.system,
             table=self.table,
-            clock=clock,
-            monotonic=monotonic,
+            wall=wall,
+            mono=mono,
             stopping=self._stop.is_set,
         )
-        self.crew = Crew(self.store, self.alerter, ladder, self.metrics, clock, monotonic)
+        self.crew = Crew(self.store, self.alerter, ladder, self.metrics, wall, mono)
         self.crew.held, self.crew.machine = self._held, machine
-        self.started_at = clock()
+        self.started_at = wall()
         self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
         self.cycles: dict[str, Cycle] = {}
@@ -119,7 +119,7 @@ class Daemon:
         self._running = False
         self.notifier = notifier if notifier is not None else Notifier()
         cycles, interval = (lambda: self.cycles), (lambda: self.interval)
-        self.calendar = Calendar(self.store, self.alerter, cycles, interval, maintain, clock)
+        self.calendar = Calendar(self.store, self.alerter, cycles, interval, maintain, wall)
         for server in config.servers:
             self.cycles[server.name] = self._cycle(server)
 
@@ -139,8 +139,8 @@ class Daemon:
             server,
             left=self.left,
             table=self.table,
-            clock=self.monotonic,
-            wall=self.clock,
+            mono=self.mono,
+            wall=self.wall,
             announce_probe=True,
             memory=MemoryWatch(self.crew.machine),
         )
@@ -161,7 +161,7 @@ class Daemon:
     # -- what the endpoint and `status` show -------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        now, mono = self.clock(), self.monotonic()
+        now, mono = self.wall(), self.mono()
         cycles = list(self.cycles.values())
         return {
             "watchdog": {
@@ -182,12 +182,12 @@ class Daemon:
         one render a period, not one each. The page says the time it was rendered."""
         with self._page_lock:
             at, html = self._page
-            mono, every = self.monotonic(), refresh_s(self.interval)
+            mono, every = self.mono(), refresh_s(self.interval)
             if html and 0 <= mono - at < every:
                 return html
             doc, days = self.status(), self.days.of(list(self.cycles))
-            html = render(doc, days, self.clock(), every)
-            self._page = (self.monotonic(), html)
+            html = render(doc, days, self.wall(), every)
+            self._page = (self.mono(), html)
             return html
 
     def prometheus(self) -> tuple[bytes, str]:
@@ -203,7 +203,7 @@ class Daemon:
     def stalled(self) -> str | None:
         """Why this daemon's ticks have stopped (see daemon/heartbeat.py), or None. A restart
         or a drain in progress is bounded by its own steps and counts as progress."""
-        mono = self.monotonic()
+        mono = self.mono()
         progress, limits = {}, {}
         for name, c in list(self.cycles.items()):
             if c.retired:
@@ -214,7 +214,7 @@ class Daemon:
 
     def look_at_sight(self) -> None:
         """Say once when a server's verdict goes stale, and once when it is fresh again."""
-        mono = self.monotonic()
+        mono = self.mono()
         for c in list(self.cycles.values()):
             c.look(mono, self.interval)
 

@@ -98,10 +98,10 @@ class Database:
     in memory when it cannot be used."""
 
     def __init__(
-        self, path: Path | None, *, clock: Callable[[], float] = time.time, behind: bool = False
+        self, path: Path | None, *, wall: Callable[[], float] = time.time, behind: bool = False
     ) -> None:
         self.path = path
-        self.clock = clock
+        self.wall = wall
         self.problem: str | None = None  # the last trouble, for status output
         self.closed = False
         self._lock = threading.RLock()
@@ -180,7 +180,7 @@ class Database:
 
     def _move_aside(self, exc: BaseException) -> None:
         assert self.path is not None
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(self.wall())}")
         # Its rollback journal goes with it: a hot journal left behind would be rolled into the
         # fresh database. (-wal/-shm: a history from before the journal was a rollback one.)
         for suffix in ("", "-journal", "-wal", "-shm"):

@@ -32,11 +32,11 @@ class LeftProbes:
     """
 
     def __init__(
-        self, paths: Path | list[Path] | None, clock: Callable[[], float] = time.time
+        self, paths: Path | list[Path] | None, wall: Callable[[], float] = time.time
     ) -> None:
         given = [] if paths is None else [paths] if isinstance(paths, Path) else paths
         self.paths = list(dict.fromkeys(given))
-        self.clock = clock
+        self.wall = wall
         self._lock = threading.Lock()
         self._later: dict[Address, float] = {}  # shortened expiries, written with the next add
         self._cache: dict[Path, tuple[str, list[tuple[str, int, float]]]] = {}
@@ -46,7 +46,7 @@ class LeftProbes:
         return list(dict.fromkeys(found))
 
     def add(self, address: Address, keep_for: float) -> None:
-        until = self.clock() + keep_for
+        until = self.wall() + keep_for
         key = (address[0], int(address[1]))
         with self._lock:
             later = dict(self._later)
@@ -63,7 +63,7 @@ class LeftProbes:
         """An answered request needs its entry only a little longer: said with the next `add`,
         not by a write of its own (a daemon probing every second wrote twice a probe)."""
         with self._lock:
-            self._later[(address[0], int(address[1]))] = self.clock() + keep_for
+            self._later[(address[0], int(address[1]))] = self.wall() + keep_for
 
     def _write(self, path: Path, entries: list[tuple[str, int, float]]) -> None:
         try:
@@ -83,7 +83,7 @@ class LeftProbes:
             # Only a record in a folder of this user's that no one else writes: a forged entry
             # would hide a live client, whose request a cancel could then end.
             check_private(path.parent)
-            now = self.clock()
+            now = self.wall()
             return [e for e in self._parsed(path) if e[2] > now]
         except (OSError, UnsafeState, ValueError, TypeError, RecursionError):
             return []

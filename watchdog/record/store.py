@@ -61,9 +61,9 @@ class Store:
     """What the watchdog asks of its history: probes, incidents, events, restarts, dumps."""
 
     def __init__(
-        self, path: Path | None, *, clock: Callable[[], float] = time.time, behind: bool = False
+        self, path: Path | None, *, wall: Callable[[], float] = time.time, behind: bool = False
     ) -> None:
-        self.db = Database(path, clock=clock, behind=behind)
+        self.db = Database(path, wall=wall, behind=behind)
         self._behind = Behind(self.db) if behind else None
         self._writes: dict[str, int] = {}  # probes written per server since the last pruning
 

@@ -60,14 +60,14 @@ def take(
     *,
     budget: float = BUDGET,
     run: Run = subprocess.run,
-    clock: Callable[[], float] = time.monotonic,
+    mono: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
 ) -> Dump:
     """The server's stacks, log tail and sockets, within `budget` seconds."""
-    start = clock()
+    start = mono()
     tail, log_problem = _log_tail(log_file)
     sockets = _sockets(pid)
-    stack, stack_problem = stack_text(pid, max(0.1, budget - (clock() - start)), run)
+    stack, stack_problem = stack_text(pid, max(0.1, budget - (mono() - start)), run)
     return Dump(
         at=wall(),
         pid=pid,
@@ -76,7 +76,7 @@ def take(
         log_tail=tail,
         log_problem=log_problem,
         sockets=sockets,
-        took_s=round(clock() - start, 3),
+        took_s=round(mono() - start, 3),
         versions=versions(pid),
     )
 

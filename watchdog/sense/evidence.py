@@ -115,12 +115,12 @@ class Inspector:
         server: ServerConfig,
         *,
         table: ProcessTable | None = None,
-        clock: Clock = time.time,
+        mono: Clock = time.monotonic,
         wall: Clock = time.time,
     ) -> None:
         self.server = server
         self.table = table or ProcessTable()
-        self.clock = clock  # spans: connection ages, the process's age
+        self.mono = mono  # spans: connection ages, the process's age
         self.wall = wall  # what psutil's create_time is read against
         self.local = is_local_host(server.host)
         self._proc: psutil.Process | None = None
@@ -137,7 +137,7 @@ class Inspector:
         """
         if not self.local:
             return ProcessEvidence(pid=None, local=False, error="the server is on another machine")
-        now = self.clock()
+        now = self.mono()
         port = self.server.port
         guessed = pid is None and self._proc is not None
         try:
@@ -156,7 +156,7 @@ class Inspector:
             proc = self._process(pid)
             with proc.oneshot():
                 cmdline = tuple(proc.cmdline())
-                # psutil gives wall time; ages are spans on `clock`, which may be monotonic.
+                # psutil gives wall time; ages are spans on `mono`.
                 create_time = now - (self.wall() - proc.create_time())
                 rss = int(proc.memory_info().rss)
                 cpu = proc.cpu_percent(interval=None)

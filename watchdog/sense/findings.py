@@ -37,7 +37,7 @@ class ProcessEvidence:
 
     pid: int | None
     local: bool = True  # False: the server is on another machine; nothing to inspect
-    create_time: float | None = None  # on the sampling clock's timeline
+    create_time: float | None = None  # on the span clock (`mono`)
     cmdline: tuple[str, ...] = ()
     matches: bool | None = None  # does the command line match the configured pattern
     cpu_percent: float | None = None
@@ -163,7 +163,7 @@ DOWN_FINDINGS: dict[ProbeFinding, str] = {
 
 @dataclass(frozen=True)
 class ProbeSnapshot:
-    """What one probe has seen so far; times are clock readings, None until they happen."""
+    """What one probe has seen so far; times are readings of the span clock (`mono`), None until they happen."""
 
     started_at: float
     connected_at: float | None = None

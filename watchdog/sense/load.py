@@ -169,16 +169,16 @@ class LoadReader:
         self,
         server: ServerConfig,
         *,
-        clock: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,
         own: OwnConnections | None = None,
     ) -> None:
         self.server = server
-        self.clock = clock
+        self.mono = mono
         self.transport = transport
         self._seen = _Seen()
         self._delivered: float | None = None  # the counter at the last answer that showed it
-        self.own = own or OwnConnections(server.probe.hard_timeout, clock)
+        self.own = own or OwnConnections(server.probe.hard_timeout, mono)
 
     def _fetch(self, path: str) -> tuple[int, bytes]:
         """GET `path`, its connection kept as the watchdog's own: until the hard timeout
@@ -228,7 +228,7 @@ class LoadReader:
             return LoadReport(route.path, "error", f"cannot read api_key_file: {exc.strerror}")
         report = read_report(route, status, body)
         if report.progress is not None:
-            answered = self.clock()
+            answered = self.mono()
             if report.progress != self._seen.value or self._seen.since is None:
                 self._seen = _Seen(report.progress, answered)
             report = replace(report, since=self._seen.since, read_at=answered)

@@ -90,18 +90,18 @@ class Settle:
         *,
         read: Callable[[], Machine | None] = read_machine,
         sleep: Callable[[float], None],
-        monotonic: Callable[[], float],
+        mono: Callable[[], float],
         limit: float = SETTLE_MAX,
     ) -> None:
         self.freed = max(0, freed)
         self.read = read
         self.sleep = sleep
-        self.monotonic = monotonic
+        self.mono = mono
         self.limit = limit
         self.before = read()  # taken before the stop
 
     def __call__(self) -> str:
-        start = self.monotonic()
+        start = self.mono()
         if self.before is None:
             return "memory could not be read: started without waiting for it"
         goal = self.before.available + int(self.freed * SETTLE_SHARE)
@@ -109,7 +109,7 @@ class Settle:
         while True:
             m = self.read()
             now = m if m is not None else now
-            waited = self.monotonic() - start
+            waited = self.mono() - start
             if now.available >= goal:
                 return (
                     f"memory back after {waited:.1f} s: {gib(now.available)} available "

@@ -24,20 +24,20 @@ EMPTY_BODY = (
 def check_models(
     server: ServerConfig,
     *,
-    clock: Clock = time.time,
+    mono: Clock = time.monotonic,
     transport: httpx.BaseTransport | None = None,
     on_connect: Callable[[tuple[str, int]], None] | None = None,
 ) -> ModelsCheck:
     """GET /v1/models under `models_timeout` in all and a 1 MiB cap. `on_connect` learns the
     connection's client address: the server may hold it after a timeout, and it is the
     watchdog's own, never a client's."""
-    start = clock()
+    start = mono()
     seconds = server.probe.models_timeout
 
     def done(
         status: int | None, finding: str, detail: str, ids: tuple[str, ...] = ()
     ) -> ModelsCheck:
-        return ModelsCheck(status, finding == "ok", finding, detail, ids, clock() - start)
+        return ModelsCheck(status, finding == "ok", finding, detail, ids, mono() - start)
 
     try:
         headers = auth_headers(server)

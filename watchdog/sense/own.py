@@ -21,26 +21,26 @@ class OwnConnections:
     """Client addresses, each kept until the server can no longer hold it: `keep` seconds while
     unanswered (the probe's hard timeout), ANSWERED_GRACE once answered."""
 
-    def __init__(self, keep: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, keep: float, mono: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
-        self.clock = clock
+        self.mono = mono
         self._until: dict[Address, float] = {}
         self._answered: set[Address] = set()
         self._lock = threading.Lock()
 
     def connected(self, address: Address) -> None:
         with self._lock:
-            self._until[(address[0], int(address[1]))] = self.clock() + self.keep
+            self._until[(address[0], int(address[1]))] = self.mono() + self.keep
 
     def answered(self, address: Address) -> None:
         address = (address[0], int(address[1]))
         with self._lock:
-            self._until[address] = self.clock() + ANSWERED_GRACE
+            self._until[address] = self.mono() + ANSWERED_GRACE
             self._answered.add(address)
 
     def addresses(self) -> list[Address]:
         with self._lock:
-            now = self.clock()
+            now = self.mono()
             self._until = {a: until for a, until in self._until.items() if until > now}
             self._answered &= set(self._until)
             return list(self._until)

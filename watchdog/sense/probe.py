@@ -62,16 +62,16 @@ class Probe:
         self,
         server: ServerConfig,
         *,
-        clock: Clock = time.time,
+        mono: Clock = time.monotonic,
         transport: httpx.BaseTransport | None = None,
         on_connect: Callable[[tuple[str, int]], None] | None = None,
     ) -> None:
         self.server = server
-        self._clock = clock
+        self._mono = mono
         self._on_connect = on_connect
         self._transport = transport
         self._lock = threading.Lock()
-        self._snap = ProbeSnapshot(started_at=clock())
+        self._snap = ProbeSnapshot(started_at=mono())
         self._sock: socket.socket | None = None
         self.local_address: tuple[str, int] | None = None  # excluded from the live clients
         self._aborted = False
@@ -80,7 +80,7 @@ class Probe:
 
     def start(self) -> Probe:
         with self._lock:
-            self._snap = ProbeSnapshot(started_at=self._clock())
+            self._snap = ProbeSnapshot(started_at=self._mono())
         self._thread.start()
         return self
 
@@ -117,7 +117,7 @@ class Probe:
         with self._lock:
             if self._snap.finding is None:
                 self._snap = replace(
-                    self._snap, finding=finding, detail=detail, done_at=self._clock()
+                    self._snap, finding=finding, detail=detail, done_at=self._mono()
                 )
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
@@ -131,9 +131,9 @@ class Probe:
                     self.local_address = sock.getsockname()[:2]
                 if self.local_address is not None and self._on_connect is not None:
                     self._on_connect(self.local_address)
-            self._set(connected_at=self._clock())
+            self._set(connected_at=self._mono())
         elif event == "http11.receive_response_headers.complete":
-            self._set(headers_at=self._clock())
+            self._set(headers_at=self._mono())
 
     def _run(self) -> None:
         try:
@@ -230,7 +230,7 @@ class Probe:
         ) as response:
             self._set(status=response.status_code)
             if self.snapshot().headers_at is None:
-                self._set(headers_at=self._clock())
+                self._set(headers_at=self._mono())
             self._read(response, hard)
 
     def _model_to_probe(self, client: httpx.Client, headers: dict[str, str]) -> str | None:
@@ -298,7 +298,7 @@ class Probe:
                 self._finish(ProbeFinding.BODY_TOO_LARGE, f"more than {cap} bytes")
                 return
             snap = self.snapshot()
-            if self._clock() - snap.started_at > hard:
+            if self._mono() - snap.started_at > hard:
                 if snap.tokens:
                     self._finish(OK, f"served a token; the stream did not end in {hard:g}s")
                 else:
@@ -311,7 +311,7 @@ class Probe:
         return None if self.snapshot().done else b"".join(parts)
 
     def _judge_json(self, body: bytes) -> tuple[ProbeFinding, str]:
-        finding, detail, changes = json_answer(body, self._clock())
+        finding, detail, changes = json_answer(body, self._mono())
         if changes:
             self._set(**changes)
         return finding, detail
@@ -359,7 +359,7 @@ class Probe:
         if not line.startswith(b"data:"):
             return None  # "event:", "id:", "retry:" carry nothing we need
         payload = line[5:].strip()
-        now = self._clock()
+        now = self._mono()
         if self.snapshot().first_data_at is None:
             self._set(first_data_at=now)
         if payload == b"[DONE]":

@@ -57,23 +57,23 @@ def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
 
 
 class Stacker:
-    """Samples one server's stacks, rate-limited; `run` and `clock` are injectable."""
+    """Samples one server's stacks, rate-limited; `run` and `mono` are injectable."""
 
     def __init__(
         self,
         *,
         run: Run = subprocess.run,
-        clock: Callable[[], float] = time.monotonic,
+        mono: Callable[[], float] = time.monotonic,
         every: float = EVERY,
         command: Callable[[int], list[str] | None] = stack_command,
     ) -> None:
-        self.run, self.clock, self.every, self.command = run, clock, every, command
+        self.run, self.mono, self.every, self.command = run, mono, every, command
         self.last: StackSample | None = None
         self._at: float | None = None
 
     def sample(self, pid: int | None) -> StackSample | None:
         """A fresh sample when the last is older than `every`, else the last (None: never)."""
-        now = self.clock()
+        now = self.mono()
         if self._at is not None and now - self._at < self.every:
             return self.last
         self._at = now

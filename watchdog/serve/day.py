@@ -180,8 +180,8 @@ class Days:
 
     store: Store
     step: Callable[[], float]  # the probe interval
-    clock: Callable[[], float]
-    monotonic: Callable[[], float]
+    wall: Callable[[], float]
+    mono: Callable[[], float]
     fresh_s: float = 10.0
     _kept: dict[str, tuple[float, Day]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -191,7 +191,7 @@ class Days:
         only the stalest is read again per call: twenty servers' days are never all read at
         once (the probing shares the interpreter with this)."""
         with self._lock:
-            now, mono = self.clock(), self.monotonic()
+            now, mono = self.wall(), self.mono()
             stale = [
                 (mono - kept[0], name)
                 for name in servers

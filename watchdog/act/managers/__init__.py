@@ -50,7 +50,7 @@ class System:
     and is recorded as interrupted.
     """
 
-    clock: Callable[[], float] = staticmethod(time.time)
+    mono: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, record: Path | None = None) -> None:
         self._interrupted = threading.Event()
@@ -264,11 +264,11 @@ class Manager(Protocol):
 
 
 def wait_for(check: Callable[[], bool], timeout: float, system: System, step: float = 0.2) -> bool:
-    deadline = system.clock() + timeout
+    deadline = system.mono() + timeout
     while True:
         if check():
             return True
-        if system.clock() >= deadline or system.interrupted:
+        if system.mono() >= deadline or system.interrupted:
             return False
         system.sleep(step)
 

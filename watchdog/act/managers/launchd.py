@@ -76,11 +76,11 @@ def bootout(system: System, target: str, exit_timeout: float = EXIT_TIMEOUT) -> 
 
 def bootstrap(system: System, domain: str, plist: Path) -> tuple[int, str]:
     """Load `plist` into `domain`, retrying while an old job of that label is torn down."""
-    deadline = system.clock() + BOOTSTRAP_RETRY
+    deadline = system.mono() + BOOTSTRAP_RETRY
     pause = 0.5
     while True:
         code, out = system.run(["launchctl", "bootstrap", domain, str(plist)], timeout=30)
-        if code not in BUSY or system.clock() + pause > deadline or system.interrupted:
+        if code not in BUSY or system.mono() + pause > deadline or system.interrupted:
             said = f"launchctl bootstrap {domain} {plist}: exit {code}"
             return code, said if code == 0 else f"{said}: {_last(out)}"
         system.sleep(pause)
