@@ -229,7 +229,7 @@ def reload_setting(run: Run) -> tuple[str, int, list[str]]:
     proc = run.daemon()
     wait(lambda: listens(run.port), 10, "the process server")
     time.sleep(1.0)
-    from mlx_watchdog.sense.evidence import ProcessTable
+    from mlx_watchdog.sense.process import ProcessTable
 
     pid = ProcessTable().listener(run.port)
     run.config(manager="process", command=argv, probe={**PROBE, "wedge_after": "1500ms"})

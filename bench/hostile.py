@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import free_port  # noqa: E402
 from mlx_watchdog.config.profiles import KINDS, Kind  # noqa: E402
-from mlx_watchdog.record.left import LeftProbes  # noqa: E402
+from mlx_watchdog.record.left_probes import LeftProbes  # noqa: E402
 from tests.hostile import Outcome, cases, run_case  # noqa: E402
 
 

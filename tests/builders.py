@@ -9,10 +9,13 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.config.profiles import Kind
+
+if TYPE_CHECKING:
+    from tests.conftest import BadByPidfile
 
 # A misbehaving server of our own, judged in process: a wedge within a second or two.
 QUICK = ProbeSettings(
@@ -105,3 +108,21 @@ def restarts_took(state: Path, server: str, seconds: float) -> None:
         )
     finally:
         store.close()
+
+
+def command_config(
+    tmp_path: Path,
+    bad: BadByPidfile,
+    *,
+    delay: float = 0.0,
+    alerts: list[str] | None = None,
+    hook: list[str] | None = None,
+) -> dict[str, object]:
+    server = command_server(bad.url, bad.pidfile, bad.port, delay=delay)
+    return watchdog_config(tmp_path / "state", [server], alerts=alerts or [], on_event=hook or [])
+
+
+def toml(data: dict[str, object]) -> str:
+    from mlx_watchdog.config import to_toml
+
+    return to_toml(data)

@@ -5,6 +5,7 @@ import os
 import random
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -738,3 +739,38 @@ def _llama_server(start_llama: StartLlama) -> Running:
 def llama_server(_llama_server: Running) -> Running:
     wait_until_idle(_llama_server)
     return _llama_server
+
+
+def send_chat(port: int) -> socket.socket:
+    """A chat request sent on a raw socket, its answer left unread (the caller leaves or waits)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    body = b'{"messages":[{"role":"user","content":"hi"}]}'
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    return s
+
+
+def daemon_process(config_path: Path, stderr: Path) -> subprocess.Popen[bytes]:
+    """`mlx-watchdog run` as its own process (the caller ends it by its PID)."""
+    with stderr.open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(config_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+def restarts_in(db: Path) -> list[tuple[str, str | None]]:
+    """(trigger, outcome) of each restart in a history file, oldest first."""
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT trigger, outcome FROM restarts ORDER BY id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()

@@ -18,7 +18,7 @@ import httpx
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import KINDS, PROFILES, Kind
-from mlx_watchdog.record.left import LeftProbes
+from mlx_watchdog.record.left_probes import LeftProbes
 from tests.builders import HOSTILE
 
 GEN = "/v1/chat/completions"

@@ -9,7 +9,7 @@ from typing import Any
 
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.record.tally import Held
+from mlx_watchdog.record.tally import Figures
 from mlx_watchdog.serve.day import Days
 from mlx_watchdog.serve.page import render
 from mlx_watchdog.serve.status import describe
@@ -102,7 +102,7 @@ def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> dict[str, 
         server = watched(f"http://127.0.0.1:1/{state}", name=f"srv-{state}")
         # The numbers of a_day's last 24 hours.
         wedge = now - 10 * 3600 + 60
-        held = Held(
+        held = Figures(
             ttfts=[0.2, 0.3, 0.9],
             restarts=[wedge, wedge + 60],
             last_token_at=now - 5,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
@@ -11,10 +10,10 @@ import pytest
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, judge
-from mlx_watchdog.sense.evidence import Inspector
 from mlx_watchdog.sense.probe import Probe
+from mlx_watchdog.sense.process import Inspector
 from tests.builders import QUICK, watched
-from tests.conftest import Running, free_port
+from tests.conftest import Running, free_port, send_chat
 
 
 def server_at(url: str, **probe: float) -> ServerConfig:
@@ -93,19 +92,9 @@ def test_slot_never_released_with_nobody_else_is_wedged(bad_server: Callable[...
     assert "no other client" in result.verdict.reason
 
 
-def _post(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    body = b'{"messages":[{"role":"user","content":"hi"}]}'
-    s.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
-    return s
-
-
 def test_slot_held_for_a_client_that_left_is_wedged(bad_server: Callable[..., Running]) -> None:
     srv = bad_server("hang")
-    gone = [_post(srv.port) for _ in range(2)]
+    gone = [send_chat(srv.port) for _ in range(2)]
     time.sleep(0.2)
     for s in gone:
         s.close()
@@ -119,7 +108,7 @@ def test_connected_clients_with_an_idle_process_is_wedged(
     bad_server: Callable[..., Running],
 ) -> None:
     srv = bad_server("hang")
-    waiting = _post(srv.port)
+    waiting = send_chat(srv.port)
     try:
         time.sleep(0.2)
         # Answering the probe and /v1/models costs the hanging server about 1% of a second on

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,29 +17,24 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.record.store import Store
-from tests.builders import QUICK_TOML, badserver_argv, command_server, watchdog_config
+from tests.builders import (
+    QUICK_TOML,
+    badserver_argv,
+    command_config,
+    toml,
+)
 from tests.conftest import (
     BadByPidfile,
     DaemonThread,
     Receiver,
     Running,
+    daemon_process,
     free_port,
     listens,
     mlx_watchdog,
+    restarts_in,
     until,
 )
-
-
-def command_config(
-    tmp_path: Path,
-    bad: BadByPidfile,
-    *,
-    delay: float = 0.0,
-    alerts: list[str] | None = None,
-    hook: list[str] | None = None,
-) -> dict[str, object]:
-    server = command_server(bad.url, bad.pidfile, bad.port, delay=delay)
-    return watchdog_config(tmp_path / "state", [server], alerts=alerts or [], on_event=hook or [])
 
 
 def test_permanent_wedge_is_healed_through_the_command_manager(
@@ -84,7 +78,7 @@ def test_a_wedge_restarted_into_the_same_wedge_is_one_incident_and_no_client_lef
     server["restart"] = {"max_restarts": 2, "backoff": "200ms", "command_timeout": "1m"}
     t = run_daemon(Daemon(parse_config(raw)))
     store = t.daemon.store
-    until(lambda: store.held("bad"), 60, "the budget to be spent")
+    until(lambda: store.hold_reason("bad"), 60, "the budget to be spent")
     time.sleep(2.0)  # ticks go on while held: starting, then slow with no token, then wedged
     restarts = [r.outcome for r in store.restarts("bad", 0.0)]
     incidents = store.incidents(0.0)
@@ -129,7 +123,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
     )
     t = run_daemon(Daemon(config))
     store = t.daemon.store
-    until(lambda: store.held("loop"), 30, "the budget to be spent")
+    until(lambda: store.hold_reason("loop"), 30, "the budget to be spent")
     assert [r.outcome for r in store.restarts("loop", 0.0)] == ["failed", "failed"]
     t.daemon.alerter.flush()
     events = [json.loads(line) for line in hook_out.read_text().splitlines()]
@@ -143,41 +137,13 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
         stdout=subprocess.DEVNULL,
     )
     try:
-        until(lambda: store.held("loop") is None, 30, "the hold to end")
+        until(lambda: store.hold_reason("loop") is None, 30, "the hold to end")
         assert len(store.restarts("loop", 0.0)) == 2  # no restart while held
         assert t.daemon.cycles["loop"].verdict.state == "healthy"  # type: ignore[union-attr]
     finally:
         t.stop()
         ok.kill()
         ok.wait()
-
-
-def daemon_process(config_path: Path, stderr: Path) -> subprocess.Popen[bytes]:
-    with stderr.open("ab") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "mlx_watchdog", "run", "--config", str(config_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-
-
-def toml(data: dict[str, object]) -> str:
-    from mlx_watchdog.config import to_toml
-
-    return to_toml(data)
-
-
-def restarts_in(db: Path) -> list[tuple[str, str | None]]:
-    if not db.exists():
-        return []
-    con = sqlite3.connect(db)
-    try:
-        return con.execute("SELECT trigger, outcome FROM restarts ORDER BY id").fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
 
 
 def test_a_second_daemon_on_one_state_folder_exits_3_naming_the_first(

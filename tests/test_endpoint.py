@@ -18,16 +18,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
-from tests.builders import QUICK_TOML, badserver_argv, watchdog_config
+from tests.builders import QUICK_TOML, badserver_argv, command_config, toml, watchdog_config
 from tests.conftest import (
     BadByPidfile,
     DaemonThread,
     Running,
+    daemon_process,
     free_port,
     mlx_watchdog,
+    restarts_in,
     until,
 )
-from tests.test_daemon import command_config
 
 
 def two_servers(tmp_path: Path, good: Running, bad: Running) -> Config:
@@ -195,7 +196,6 @@ def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_status_and_history_with_the_daemon_running_and_stopped(
     tmp_path: Path, hanging: BadByPidfile
 ) -> None:
-    from tests.test_daemon import daemon_process, toml
 
     raw = command_config(tmp_path, hanging)
     raw["watchdog"]["listen"] = "127.0.0.1:0"  # type: ignore[index]
@@ -315,8 +315,6 @@ def test_hundreds_of_idle_connections_and_a_slow_sender_leave_the_watchdog_seein
     assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
     listen = free_port()
     cfg = tmp_path / "w.toml"
-    from tests.test_daemon import toml
-
     cfg.write_text(
         toml(
             {
@@ -385,8 +383,6 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
 ) -> None:
     """As ssh treats ~/.ssh: a folder anyone may write would let them plant the token the
     endpoint accepts, or a daemon record that points status at their server."""
-
-    from tests.test_daemon import toml
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -482,8 +478,6 @@ def test_beyond_loopback_status_and_metrics_need_the_token(
     assert e.get("/status", headers={"Authorization": "Bearer nope"}).status_code == 401
     # this user's `status` sends its daemon's token itself
     cfg = tmp_path / "w.toml"
-    from tests.test_daemon import toml
-
     cfg.write_text(
         toml(
             {
@@ -509,7 +503,6 @@ def test_a_persons_restart_never_repeats_the_watchdogs_and_reports_how_it_ended(
 ) -> None:
     """While the daemon restarts a wedged server, and just after it serves again, `restart`
     is refused, saying what happened; later it runs, and waits for and prints the outcome."""
-    from tests.test_daemon import daemon_process, restarts_in, toml
 
     raw = command_config(tmp_path, hanging)
     raw["server"][0]["restart_command"][-1] = "3"  # type: ignore[index]  # a 3 s restart

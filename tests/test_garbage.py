@@ -211,7 +211,7 @@ def test_a_report_reader_survives_every_hostile_body() -> None:
 def test_a_left_probes_record_that_is_not_one_is_read_as_empty_and_rewritten(
     tmp_path: Path, text: str
 ) -> None:
-    from mlx_watchdog.record.left import LeftProbes
+    from mlx_watchdog.record.left_probes import LeftProbes
 
     path = tmp_path / "left-probes.json"
     path.write_text(text)
@@ -227,7 +227,7 @@ def test_a_left_probes_record_in_a_folder_others_write_is_neither_believed_nor_w
     import json
     import time
 
-    from mlx_watchdog.record.left import LeftProbes
+    from mlx_watchdog.record.left_probes import LeftProbes
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -246,7 +246,7 @@ def test_a_left_probes_record_in_a_folder_others_write_is_neither_believed_nor_w
 def test_an_answered_probes_shorter_keep_is_written_with_the_next_probe(tmp_path: Path) -> None:
     """One write a probe: an answered probe's entry is cut short with the next probe's entry,
     not by a write of its own; until then it is kept as long as first written."""
-    from mlx_watchdog.record.left import LeftProbes
+    from mlx_watchdog.record.left_probes import LeftProbes
 
     now = [1000.0]
     path = tmp_path / "left-probes.json"

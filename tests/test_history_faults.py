@@ -14,9 +14,8 @@ from pathlib import Path
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Store
-from tests.builders import QUICK_TOML
+from tests.builders import QUICK_TOML, command_config
 from tests.conftest import BadByPidfile, DaemonThread, until
-from tests.test_daemon import command_config
 
 HOLD = 6.0  # seconds the other process keeps the database locked
 
@@ -106,7 +105,7 @@ def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
         kinds = [e.kind for e in again.events("bad")]
         for kind in ("detected", "restarting", "restart_failed", "budget_spent"):
             assert kinds.count(kind) == 1, kinds
-        assert again.held("bad") is not None
+        assert again.hold_reason("bad") is not None
         assert len(again.probes("bad", 0.0)) == len(asked)  # every verdict kept
         assert any(locked_at <= at < locked_at + HOLD for at in asked)
     finally:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlx_watchdog.config.profiles import Kind
-from mlx_watchdog.record.left import LeftProbes
+from mlx_watchdog.record.left_probes import LeftProbes
 from tests.conftest import Running
 from tests.hostile import QUICK_KINDS, Outcome, cases, run_case
 

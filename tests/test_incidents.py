@@ -23,9 +23,8 @@ from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.record import db as db_module
 from mlx_watchdog.record import store as store_module
 from mlx_watchdog.record.store import Store
-from tests.builders import badserver_argv
+from tests.builders import badserver_argv, command_config
 from tests.conftest import BadByPidfile, DaemonThread, free_port, until
-from tests.test_daemon import command_config
 
 SETTINGS = ProbeSettings(startup_grace=60.0)
 

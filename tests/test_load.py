@@ -15,7 +15,7 @@ from mlx_watchdog.judge.verdict import Observation, judge
 from mlx_watchdog.sense.answer import classify_error
 from mlx_watchdog.sense.findings import LoadReport, ProbeFinding, ProbeSnapshot
 from mlx_watchdog.sense.load import json_value, parse_prometheus, read_report
-from tests.test_verdict import MODELS_OK, T0, S, proc, waiting
+from tests.judging import MODELS_OK, T0, S, proc, waiting
 
 # llama-server's to_metrics(): HELP and TYPE lines, names with a colon, no labels.
 LLAMA_METRICS = """\

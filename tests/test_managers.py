@@ -24,7 +24,7 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle import Crew, Cycle, NoSink
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.sense.evidence import ProcessTable
+from mlx_watchdog.sense.process import ProcessTable
 from tests.builders import badserver_argv
 from tests.conftest import FakeServices, free_port, until
 

@@ -21,7 +21,7 @@ from mlx_watchdog.act.managers.process import ProcessManager
 from mlx_watchdog.act.managers.systemd import SystemdManager
 from mlx_watchdog.config import ServerConfig, parse_config
 from mlx_watchdog.daemon import Daemon
-from mlx_watchdog.sense.memory import Settle, held_by
+from mlx_watchdog.sense.memory import Settle, memory_holders
 from mlx_watchdog.sense.signs import Machine
 from tests.builders import badserver_argv, watchdog_config
 from tests.conftest import DaemonThread, FakeServices, free_port, until
@@ -78,13 +78,13 @@ def test_memory_that_cannot_be_read_is_not_waited_for() -> None:
 
 
 def test_the_servers_holding_the_memory_are_named_largest_first() -> None:
-    said = held_by([("small", 3 * GIB), ("gone", 0), ("big", 10 * GIB)], 16 * GIB)
+    said = memory_holders([("small", 3 * GIB), ("gone", 0), ("big", 10 * GIB)], 16 * GIB)
     assert said.startswith("resident in servers: 13.0 GiB of the machine's 16.0 GiB (big 10.0")
     assert "small 3.0 GiB" in said and "gone" not in said
     assert "together more than the machine can give them" in said
-    alone = held_by([("big", 14 * GIB)], 16 * GIB)
+    alone = memory_holders([("big", 14 * GIB)], 16 * GIB)
     assert "together" not in alone  # one server: nothing to share
-    assert held_by([("a", 0)], 16 * GIB) == ""
+    assert memory_holders([("a", 0)], 16 * GIB) == ""
 
 
 def server(port: int, **kw: object) -> ServerConfig:

@@ -24,7 +24,7 @@ from mlx_watchdog.record.store import Store
 from mlx_watchdog.serve.day import MAX_POINTS, MAX_RUNS, Days, read_day, runs_of, thin
 from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import CSP, render
-from tests.builders import watchdog_config
+from tests.builders import toml, watchdog_config
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
 from tests.pageday import NOW, STEP, PageBackend, a_day, status_doc
 
@@ -175,8 +175,6 @@ def _browser_script(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _open_config(tmp_path: Path, state: Path) -> Path:
-    from tests.test_daemon import toml
-
     cfg = tmp_path / "open.toml"
     server = {"name": "s", "url": "http://127.0.0.1:1"}
     cfg.write_text(toml({"watchdog": {"state_dir": str(state)}, "server": [server]}))

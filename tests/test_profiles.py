@@ -14,10 +14,9 @@ import pytest
 
 from mlx_watchdog.act.check import Checker, check_once
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.record.left import LeftProbes
+from mlx_watchdog.record.left_probes import LeftProbes
 from tests.builders import QUICK
-from tests.conftest import Running
-from tests.test_bad_answers import _post
+from tests.conftest import Running, send_chat
 
 # The connected client is served (as far as the sockets tell) and the process may look idle:
 # idle_cpu_percent = 0 is what a Mac whose GPU does the work needs, so only the report can tell.
@@ -33,11 +32,11 @@ def config(url: str, kind: str) -> ServerConfig:
 def leak_one(port: int) -> socket.socket:
     """Send the request that takes the slot (its socket is closed by the server), then connect
     a patient client that waits behind it."""
-    first = _post(port)
+    first = send_chat(port)
     first.settimeout(5)
     assert first.recv(100) == b""  # the server closed it: nothing in CLOSE_WAIT
     first.close()
-    patient = _post(port)
+    patient = send_chat(port)
     time.sleep(0.2)
     return patient
 
@@ -92,7 +91,7 @@ def test_vllm_counts_each_choice_so_a_live_client_may_hold_several(
 @pytest.mark.parametrize("kind", REPORTING + COUNTING)
 def test_work_that_moves_is_busy(kind: str, bad_server: Callable[..., Running]) -> None:
     srv = bad_server("work", delay=6.0, kind=kind)
-    patient = _post(srv.port)
+    patient = send_chat(srv.port)
     try:
         time.sleep(0.3)
         result = check_once(config(srv.url, kind))

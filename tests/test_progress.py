@@ -10,7 +10,7 @@ import pytest
 
 from mlx_watchdog.judge.verdict import Observation, judge
 from mlx_watchdog.sense import progress as progress_module
-from mlx_watchdog.sense.findings import Prefill, ProbeSnapshot, ProcessEvidence
+from mlx_watchdog.sense.findings import Prefill, ProbeSnapshot, ProcessSample
 from mlx_watchdog.sense.progress import LogProgress
 from tests.builders import QUICK
 
@@ -150,7 +150,7 @@ def test_a_missing_or_unreadable_log_is_a_finding(tmp_path: Path) -> None:
 
 def test_the_verdict_tells_the_prefill_the_server_logs() -> None:
     probe = ProbeSnapshot(started_at=0.0)
-    busy = ProcessEvidence(pid=os.getpid(), create_time=-100.0, abandoned=0, live=1)
+    busy = ProcessSample(pid=os.getpid(), create_time=-100.0, abandoned=0, live=1)
     said = Prefill(done=23040, total=43118, rate_tps=312.0, age_s=1.0)
     v = judge(Observation(probe, busy, prefill=said), QUICK, 1.2)
     assert v is not None and v.state == "busy"

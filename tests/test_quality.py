@@ -117,3 +117,31 @@ def test_every_public_class_says_what_it_owns() -> None:
         and ast.get_docstring(node) is None
     ]
     assert not missing, missing
+
+
+MODULE_LINES = 700  # a module longer than this has a seam to split at; functions: ruff's limits
+
+
+def test_every_module_keeps_the_size_limit() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted((ROOT / "watchdog").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MODULE_LINES
+    }
+    assert not long, f"over {MODULE_LINES} lines: {long}"
+
+
+def test_tests_import_only_shared_helpers() -> None:
+    """A test module imports helpers (conftest, builders, judging...), never another test
+    module: moving or deleting a test must not break the others."""
+    import ast
+
+    found = [
+        f"{path.name}:{node.lineno} {node.module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and node.module is not None
+        and node.module.split(".")[-1].startswith("test_")
+    ]
+    assert not found, found

@@ -17,9 +17,8 @@ import pytest
 from mlx_watchdog.config import ServerConfig, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.sense.request import auth_headers
-from tests.builders import watchdog_config
+from tests.builders import toml, watchdog_config
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
-from tests.test_daemon import toml
 
 FORMS = [
     ("user:Hunter2Secret@", "user", "Hunter2Secret"),

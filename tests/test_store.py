@@ -10,6 +10,8 @@ import pytest
 
 from mlx_watchdog.record.db import MIGRATIONS
 from mlx_watchdog.record.store import Store
+from tests.builders import toml
+from tests.conftest import mlx_watchdog
 
 
 def test_incident_lifecycle(tmp_path: Path) -> None:
@@ -60,7 +62,7 @@ def test_history_survives_reopening(tmp_path: Path) -> None:
     store.close()
     again = Store(path)
     assert [r.id for r in again.restarts("a", 0.0)] == [rid.id]
-    assert again.held("a") == "budget spent"
+    assert again.hold_reason("a") == "budget spent"
     assert [r.outcome for r in again.interrupt_unfinished("a", 20.0)] == [None]
     assert again.restarts("a", 0.0)[0].outcome == "interrupted"
     assert again.interrupt_unfinished("a", 21.0) == []
@@ -179,8 +181,6 @@ def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
 
     from mlx_watchdog.config import parse_config
     from mlx_watchdog.daemon import Daemon
-    from tests.conftest import mlx_watchdog
-    from tests.test_daemon import toml
 
     state = tmp_path / "state"
     store = Store(state / "history.db")
@@ -222,6 +222,6 @@ def test_gave_up_counts_edited_by_hand_do_not_stop_the_numbers(tmp_path: Path) -
         store.add_event("s", 100.0, "gave_up", "clients left", {"count": count})
     server = ServerConfig(name="s", url="http://127.0.0.1:1")
     tally = Tally.load(store, server, 200.0)
-    held = tally.held(server, 200.0, 200.0, incident=None, needs_person=None)
+    held = tally.figures(server, 200.0, 200.0, incident=None, needs_person=None)
     assert held.gave_up_24h == 4
     store.close()

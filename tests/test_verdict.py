@@ -8,64 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.states import EXIT_CODES, STATES
 from mlx_watchdog.judge.verdict import Observation, judge, leaked_requests
-from mlx_watchdog.sense.findings import Client, LoadReport, ProcessEvidence
+from mlx_watchdog.sense.findings import LoadReport, ProcessSample
 from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
+from tests.judging import MODELS_EMPTY, MODELS_OK, T0, S, finished, proc, token, waiting
 
-S = ProbeSettings(slow_after=10, wedge_after=60, max_busy=900, startup_grace=120, hard_timeout=1800)
-T0 = 1_000_000.0
-MODELS_OK = ModelsCheck(200, True, "ok", "1 models listed", ("m",), 0.01)
-MODELS_EMPTY = ModelsCheck(200, False, "empty_body", "200 with an empty body", (), 0.01)
-
-
-def proc(
-    live: int = 0,
-    abandoned: int = 0,
-    cpu: float | None = 100.0,
-    age: float = 3600.0,
-    pid: int | None = 42,
-) -> ProcessEvidence:
-    clients = tuple(
-        Client(("127.0.0.1", 50000 + i), "live", T0, None) for i in range(live)
-    ) + tuple(Client(("127.0.0.1", 60000 + i), "abandoned", T0, T0) for i in range(abandoned))
-    return ProcessEvidence(
-        pid=pid,
-        create_time=T0 - age,
-        cmdline=("mlx_lm.server",),
-        matches=True,
-        cpu_percent=cpu,
-        rss_bytes=1,
-        abandoned=abandoned,
-        live=live,
-        clients=clients,
-    )
-
-
-def token(after: float) -> ProbeSnapshot:
-    return ProbeSnapshot(
-        started_at=T0,
-        headers_at=T0 + after,
-        first_token_at=T0 + after,
-        done_at=T0 + after,
-        status=200,
-        bytes=900,
-        tokens=1,
-        finding="ok",
-    )
-
-
-def waiting(bytes_: int = 0) -> ProbeSnapshot:
-    return ProbeSnapshot(started_at=T0, bytes=bytes_)
-
-
-def finished(finding: str, detail: str = "") -> ProbeSnapshot:
-    return ProbeSnapshot(started_at=T0, done_at=T0 + 0.01, finding=finding, detail=detail)
-
-
-UNKNOWN = ProcessEvidence(pid=None, error="no process of this user listens on port 8080")
-REMOTE = ProcessEvidence(pid=None, local=False, error="the server is on another machine")
+UNKNOWN = ProcessSample(pid=None, error="no process of this user listens on port 8080")
+REMOTE = ProcessSample(pid=None, local=False, error="the server is on another machine")
 
 ROWS = [
     # id, probe, process, models, seconds since the probe started, state, words in the reason
@@ -135,7 +85,7 @@ ROWS = [
 )
 def test_rules(
     probe: ProbeSnapshot,
-    process: ProcessEvidence,
+    process: ProcessSample,
     models: ModelsCheck | None,
     at: float,
     state: str | None,
@@ -157,7 +107,7 @@ def test_hard_timeout_with_zero_bytes_is_wedged_when_nothing_is_served() -> None
     assert verdict is not None and verdict.state == "wedged"
 
 
-def test_evidence_carries_the_numbers() -> None:
+def test_process_carries_the_numbers() -> None:
     verdict = judge(
         Observation(waiting(), proc(live=1, abandoned=2, cpu=99.5), MODELS_OK), S, T0 + 61
     )
@@ -190,14 +140,14 @@ findings = st.sampled_from([None, "ok", "refused", "http_error", "reset", "no_re
 
 @given(ttft=st.floats(0, 3600), process=processes, later=st.floats(0, 3600))
 def test_a_probe_that_got_a_token_is_never_wedged(
-    ttft: float, process: ProcessEvidence, later: float
+    ttft: float, process: ProcessSample, later: float
 ) -> None:
     verdict = judge(Observation(token(ttft), process, MODELS_OK), S, T0 + ttft + later)
     assert verdict is not None and verdict.state in ("healthy", "slow")
 
 
 @given(process=processes, waited=st.floats(0, 7200))
-def test_busy_never_lasts_past_max_busy(process: ProcessEvidence, waited: float) -> None:
+def test_busy_never_lasts_past_max_busy(process: ProcessSample, waited: float) -> None:
     verdict = judge(Observation(waiting(), process, MODELS_OK), S, T0 + waited)
     if verdict is not None and verdict.state == "busy":
         assert waited < S.max_busy
@@ -206,7 +156,7 @@ def test_busy_never_lasts_past_max_busy(process: ProcessEvidence, waited: float)
 
 
 @given(process=processes, waited=st.floats(0, 7200))
-def test_abandoned_work_past_wedge_after_is_wedged(process: ProcessEvidence, waited: float) -> None:
+def test_abandoned_work_past_wedge_after_is_wedged(process: ProcessSample, waited: float) -> None:
     verdict = judge(Observation(waiting(), process, MODELS_OK), S, T0 + waited)
     if process.abandoned and waited >= S.wedge_after:
         assert verdict is not None and verdict.state == "wedged"
@@ -215,7 +165,7 @@ def test_abandoned_work_past_wedge_after_is_wedged(process: ProcessEvidence, wai
 
 @given(finding=findings, process=processes, waited=st.floats(0, 7200))
 def test_every_judged_state_is_known_and_explained(
-    finding: str | None, process: ProcessEvidence, waited: float
+    finding: str | None, process: ProcessSample, waited: float
 ) -> None:
     probe = (
         waiting()

@@ -11,14 +11,14 @@ from dataclasses import dataclass, replace
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
-from mlx_watchdog.record.left import LeftProbes
-from mlx_watchdog.sense.evidence import Inspector, ProcessTable
-from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot, ProcessEvidence
+from mlx_watchdog.record.left_probes import LeftProbes
+from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot, ProcessSample
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.memory import MemoryWatch
 from mlx_watchdog.sense.models import check_models
-from mlx_watchdog.sense.own import ANSWERED_GRACE, OwnConnections
+from mlx_watchdog.sense.own_connections import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
+from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_unread
 from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.stack import Stacker
@@ -195,7 +195,7 @@ class Checker:
             live_seen=self.live_seen,
         )
 
-    def _served(self, process: ProcessEvidence) -> bool:
+    def _served(self, process: ProcessSample) -> bool:
         """This very process (PID and start time) gave the watchdog a token."""
         if self.served_process is None or process.pid != self.served_process[0]:
             return False

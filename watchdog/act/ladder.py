@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.managers import Manager, ManagerError, Outcome, System, identity_problem
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe, ProbeFinding
+from mlx_watchdog.sense.process import ProcessTable
 
 log = logging.getLogger("mlx_watchdog")
 

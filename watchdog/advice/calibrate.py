@@ -24,7 +24,7 @@ from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import MARGIN, round_up
 from mlx_watchdog.judge.states import State
-from mlx_watchdog.record.left import LeftProbes
+from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
@@ -269,7 +269,7 @@ def serving_process(server: ServerConfig) -> tuple[int, float] | None:
     """The process listening on the server's port (PID, start time), when this machine has it."""
     import psutil
 
-    from mlx_watchdog.sense.evidence import ProcessTable
+    from mlx_watchdog.sense.process import ProcessTable
 
     pid = ProcessTable().listener(server.port)
     try:

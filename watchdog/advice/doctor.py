@@ -19,15 +19,15 @@ from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, l
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.judge.advice import retry_loop, tokens_label
 from mlx_watchdog.judge.states import BAD_STATES
-from mlx_watchdog.record.left import LeftProbes, left_probes
+from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.record.tally import abandoned_lately
-from mlx_watchdog.sense.evidence import is_local_host
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import OK, Probe
+from mlx_watchdog.sense.process import is_local_host
 from mlx_watchdog.sense.progress import PARSED_KINDS, progress_source, unread_cost
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 

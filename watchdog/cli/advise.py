@@ -78,7 +78,7 @@ def calibrate(
         context_length,
         refusal,
     )
-    from mlx_watchdog.record.left import left_probes
+    from mlx_watchdog.record.left_probes import left_probes
     from mlx_watchdog.record.store import open_history
 
     cfg, server, sizes_n, limit = _calibration_inputs(
@@ -262,7 +262,7 @@ def drill(
     from mlx_watchdog.advice.calibrate import parse_tokens, refusal
     from mlx_watchdog.advice.drill import plan, restart_through_daemon, run_drill
     from mlx_watchdog.config import parse_duration
-    from mlx_watchdog.record.left import left_probes
+    from mlx_watchdog.record.left_probes import left_probes
 
     cfg, server = _one_server(config_path, url, server_name)
     tokens = or_exit(lambda: parse_tokens(prompt_size, "--prompt"))

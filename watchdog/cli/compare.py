@@ -74,7 +74,7 @@ def compare(
 def _refuse_busy(cfg: Config, a: ServerConfig, b: ServerConfig) -> None:
     """Exit 1 when either server has clients: long prompts would make them wait."""
     from mlx_watchdog.advice.calibrate import refusal
-    from mlx_watchdog.record.left import left_probes
+    from mlx_watchdog.record.left_probes import left_probes
 
     left = left_probes(cfg.watchdog.state_dir)
     for side in (a, b):

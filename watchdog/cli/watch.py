@@ -59,7 +59,7 @@ def probe(
     from concurrent.futures import ThreadPoolExecutor
 
     from mlx_watchdog.act.check import check_once
-    from mlx_watchdog.record.left import left_probes
+    from mlx_watchdog.record.left_probes import left_probes
 
     config = load_or_exit(config_path)
     try:

@@ -65,4 +65,4 @@ class Crew:
     # The machine's memory, and each local server's resident memory (name, bytes), for a
     # restart under memory pressure.
     machine: Callable[[], Machine | None] = read_machine
-    held: Callable[[], list[tuple[str, int]]] = list
+    residents: Callable[[], list[tuple[str, int]]] = list

@@ -35,7 +35,7 @@ from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.record.tally import Tally, abandoned_lately
-from mlx_watchdog.sense.memory import Settle, held_by, resident
+from mlx_watchdog.sense.memory import Settle, memory_holders, resident
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -160,7 +160,7 @@ class Cycle:
         row = self.store.open_incident_for(name)
         if row is not None:
             self.incident = OpenIncident(row.began_at, row.state, row.id)
-        self.needs_person = self.store.held(name)
+        self.needs_person = self.store.hold_reason(name)
         if self.needs_person is not None:
             self.phase = Phase.HELD  # held by a watchdog before this one: a person's to end
         elif self.incident is not None:
@@ -249,8 +249,8 @@ class Cycle:
             reason = f"the server {exited}" if trigger is Trigger.CRASHED else v.reason
             least_cost = self.server.restart.least_cost
             cause = Cause(v.evidence.cause or Cause.UNKNOWN)
-            if cause is Cause.MEMORY_PRESSURE and (held := self._held_by()):
-                reason = f"{reason}; {held}"
+            if cause is Cause.MEMORY_PRESSURE and (holders := self._memory_holders()):
+                reason = f"{reason}; {holders}"
             if cause in NO_PROGRESS and trigger is Trigger.WEDGED:
                 reason = f"{reason}; restarting at once: waiting cannot cure {WORDS[cause]}"
             elif trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
@@ -498,9 +498,9 @@ class Cycle:
         system = self.crew.ladder.system
         return Settle(freed, read=self.crew.machine, sleep=system.sleep, mono=self.mono)
 
-    def _held_by(self) -> str:
+    def _memory_holders(self) -> str:
         machine = self.crew.machine()
-        return held_by(self.crew.held(), machine.total) if machine else ""
+        return memory_holders(self.crew.residents(), machine.total) if machine else ""
 
     def _begin(self, trigger: str, reason: str, pid: int | None) -> None:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart

@@ -31,13 +31,13 @@ from mlx_watchdog.daemon.schedule import Schedule
 from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
-from mlx_watchdog.record.left import left_probes
+from mlx_watchdog.record.left_probes import left_probes
 from mlx_watchdog.record.metrics import Metrics
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store
-from mlx_watchdog.sense.evidence import ProcessTable
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.sense.memory import MemoryWatch, read_machine, resident
+from mlx_watchdog.sense.process import ProcessTable
 from mlx_watchdog.sense.signs import Machine
 from mlx_watchdog.sense.text import printable
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
@@ -110,7 +110,7 @@ class Daemon:
             stopping=self._stop.is_set,
         )
         self.crew = Crew(self.store, self.alerter, ladder, self.metrics, wall, mono)
-        self.crew.held, self.crew.machine = self._held, machine
+        self.crew.residents, self.crew.machine = self._residents, machine
         self.started_at = wall()
         self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
@@ -123,7 +123,7 @@ class Daemon:
         for server in config.servers:
             self.cycles[server.name] = self._cycle(server)
 
-    def _held(self) -> list[tuple[str, int]]:
+    def _residents(self) -> list[tuple[str, int]]:
         """Each local server's resident memory, for a restart under memory pressure."""
         cycles = list(self.cycles.values())
         return [

@@ -92,7 +92,7 @@ THREAD_DIED = "generation thread died"  # mlx-lm 0.32.2's words, in its log and 
 
 def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
     """The cause the evidence shows; unknown unless a strong sign or two weak ones agree."""
-    for check in (_thread_gone, _metal, _deadlock, _held, _memory):
+    for check in (_thread_gone, _metal, _deadlock, _holds_slot, _memory):
         found = check(facts, signs)
         if found is not None:
             return found
@@ -148,7 +148,7 @@ def _idle(f: Facts, s: Signs) -> bool:
     return n >= MIN_IDLE_READINGS and sum(s.idle_cpu) / n < f.idle_below
 
 
-def _held(f: Facts, s: Signs) -> Diagnosis | None:
+def _holds_slot(f: Facts, s: Signs) -> Diagnosis | None:
     # The verdict's reason already counts them.
     if f.abandoned:
         return Diagnosis(Cause.ABANDONED_PREFILL)

@@ -18,7 +18,7 @@ from mlx_watchdog.sense.findings import (
     Prefill,
     ProbeFinding,
     ProbeSnapshot,
-    ProcessEvidence,
+    ProcessSample,
 )
 from mlx_watchdog.sense.signs import Signs
 
@@ -28,7 +28,7 @@ class Observation:
     """Everything one look at a server gathered: the probe, the process, its answers, its log."""
 
     probe: ProbeSnapshot
-    process: ProcessEvidence
+    process: ProcessSample
     models: ModelsCheck | None = None
     load: LoadReport | None = None  # what the server says about itself (its profile's routes)
     leak_since: float | None = None  # since when every look showed requests with no client
@@ -384,9 +384,7 @@ def _prefill(said: Prefill | None, problem: str | None) -> dict[str, Any]:
     }
 
 
-def leaked_requests(
-    load: LoadReport | None, proc: ProcessEvidence, *, fans_out: bool = False
-) -> int:
+def leaked_requests(load: LoadReport | None, proc: ProcessSample, *, fans_out: bool = False) -> int:
     """Requests the server reports beyond its connected clients and the probe: work for
     nobody, a slot leaked behind a closed socket. 0 when either side is unknown, and, for a
     server that reports a request with n > 1 choices as n (vLLM), while any client is live:

@@ -353,7 +353,7 @@ class Store:
     def release(self, server: str) -> None:
         self._write("DELETE FROM holds WHERE server = ?", (server,))
 
-    def held(self, server: str) -> str | None:
+    def hold_reason(self, server: str) -> str | None:
         rows = self._rows("SELECT reason FROM holds WHERE server = ?", (server,))
         return str(rows[0][0]) if rows else None
 

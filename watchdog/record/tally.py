@@ -24,7 +24,7 @@ DAY = 86400.0
 
 
 @dataclass(frozen=True)
-class Held:
+class Figures:
     """What a status document needs besides the verdict."""
 
     ttfts: Sequence[float] = ()  # of the last TTFT_WINDOW
@@ -110,7 +110,7 @@ class Tally:
         while self.opened and self.opened[0] < now - DAY:
             self.opened.popleft()
 
-    def held(
+    def figures(
         self,
         server: ServerConfig,
         now: float,
@@ -118,10 +118,10 @@ class Tally:
         *,
         incident: dict[str, Any] | None,
         needs_person: str | None,
-    ) -> Held:
+    ) -> Figures:
         since = now - restart_span(server)
         last, cost = self.last_restart, self.restart_cost()
-        return Held(
+        return Figures(
             ttfts=[t for at, t in list(self.ttfts) if at >= now - TTFT_WINDOW],
             restarts=[t for t in self.restarts(now, mono) if t >= since],
             incident=incident,

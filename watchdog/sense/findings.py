@@ -31,7 +31,7 @@ class Client:
 
 
 @dataclass(frozen=True)
-class ProcessEvidence:
+class ProcessSample:
     """What the operating system shows of the server process: identity, CPU, memory and
     its clients."""
 

@@ -18,7 +18,7 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import LoadRoute
 from mlx_watchdog.sense.bounded import BadJson, TooLarge, finite_count, get, load_json
 from mlx_watchdog.sense.findings import REPORT_TIMEOUT, Address, LoadReport
-from mlx_watchdog.sense.own import OwnConnections
+from mlx_watchdog.sense.own_connections import OwnConnections
 from mlx_watchdog.sense.request import auth_headers, tls
 
 MAX_REPORT = 1 << 20

@@ -26,7 +26,7 @@ def resident(pid: int | None) -> int:
         return 0
 
 
-def held_by(held: list[tuple[str, int]], total: int) -> str:
+def memory_holders(held: list[tuple[str, int]], total: int) -> str:
     """Which servers hold the machine's memory, largest first; said plainly when together
     they hold more than the machine can give (mlx-lm #1252: each wiring ~75% of it)."""
     running = sorted(((n, b) for n, b in held if b > 0), key=lambda nb: -nb[1])

@@ -18,13 +18,13 @@ from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN, UNKNOWN_EXIT
 from mlx_watchdog.judge.verdict import Evidence
 from mlx_watchdog.record.store import Ref, Store, row_id
-from mlx_watchdog.record.tally import DAY, Held, Tally
+from mlx_watchdog.record.tally import DAY, Figures, Tally
 
 
 def describe(
     server: ServerConfig,
     now: float,
-    held: Held,
+    figures: Figures,
     *,
     state: str | None,
     reason: str,
@@ -37,8 +37,8 @@ def describe(
     age: float | None = None,
     clearing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    ttfts = sorted(held.ttfts)
-    budget = allowance(server.restart, held.restarts, now)
+    ttfts = sorted(figures.ttfts)
+    budget = allowance(server.restart, figures.restarts, now)
     serving = state in SERVING_STATES and not draining and not restarting
     e = evidence or Evidence()
     return {
@@ -55,14 +55,14 @@ def describe(
         "restarting": restarting,
         "blind": blind,  # the verdict is too old to say anything about the server now
         "verdict_age_s": None if age is None else round(age, 1),
-        "needs_person": held.needs_person,
-        "last_token_at": held.last_token_at,
+        "needs_person": figures.needs_person,
+        "last_token_at": figures.last_token_at,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "ttft_p95_s": ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
         "ttft_samples": len(ttfts),
-        "restarts_24h": sum(1 for r in held.restarts if r >= now - DAY),
-        "incidents_24h": held.incidents_24h,
-        "gave_up_24h": held.gave_up_24h,
+        "restarts_24h": sum(1 for r in figures.restarts if r >= now - DAY),
+        "incidents_24h": figures.incidents_24h,
+        "gave_up_24h": figures.gave_up_24h,
         "budget_left": budget.left,
         "pid": e.pid,
         "rss_bytes": e.rss_bytes,
@@ -78,12 +78,12 @@ def describe(
         "progress_problem": e.progress_problem,
         "server_running": e.server_running,
         "server_waiting": e.server_waiting,
-        "incident": held.incident,
-        "last_restart": held.last_restart,
+        "incident": figures.incident,
+        "last_restart": figures.last_restart,
         # Waiting for an abandoned prefill instead of restarting: waited_s, restart_in_s.
         "clearing": clearing,
-        "restart_cost_s": held.restart_cost_s,  # to the first token: measured, or the default
-        "restart_cost_measured": held.restart_cost_measured,
+        "restart_cost_s": figures.restart_cost_s,  # to the first token: measured, or the default
+        "restart_cost_measured": figures.restart_cost_measured,
     }
 
 
@@ -91,12 +91,12 @@ def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> dict[str, An
     """The document of a server the daemon watches; its last verdict only while fresh."""
     v, blind, i = c.verdict, c.blindness(mono, interval), c.incident
     shown = None if i is None else _incident(i.id, i.state, i.began_at)
-    held = c.tally.held(c.server, now, mono, incident=shown, needs_person=c.needs_person)
+    figures = c.tally.figures(c.server, now, mono, incident=shown, needs_person=c.needs_person)
     seen = c.sight.verdict_mono
     return describe(
         c.server,
         now,
-        held,
+        figures,
         state=v.state if v and not blind else None,
         reason=blind or (v.reason if v else "no verdict yet"),
         at=c.judged_at,
@@ -126,16 +126,18 @@ def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, An
     i = store.open_incident_for(server.name)
     shown = None if i is None else _incident(i.id, i.state, i.began_at)
     tally = Tally.load(store, server, now)
-    held = tally.held(server, now, now, incident=shown, needs_person=store.held(server.name))
+    figures = tally.figures(
+        server, now, now, incident=shown, needs_person=store.hold_reason(server.name)
+    )
     row = store.last_probe(server.name)
     if row is None:
         return describe(
-            server, now, held, state=None, reason="no probe recorded yet", at=None, evidence=None
+            server, now, figures, state=None, reason="no probe recorded yet", at=None, evidence=None
         )
     return describe(
         server,
         now,
-        held,
+        figures,
         state=row.state,
         reason=row.reason,
         at=row.at,

@@ -23,7 +23,7 @@ import psutil
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.bounded import BadJson, load_json
-from mlx_watchdog.sense.evidence import ProcessTable
+from mlx_watchdog.sense.process import ProcessTable
 
 
 class ManagerError(Exception):

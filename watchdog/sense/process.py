@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessEvidence
+from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessSample
 
 HALF_CLOSED = frozenset({psutil.CONN_FIN_WAIT1, psutil.CONN_FIN_WAIT2})
 
@@ -130,13 +130,13 @@ class Inspector:
         self._kind = "tcp"  # the socket tables read: the listener's family once it is known
         self.gave_up = 0  # clients seen leaving (turning abandoned) since this inspector began
 
-    def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessEvidence:
+    def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessSample:
         """Look at the server now. `pid` comes from a manager; otherwise the port's listener.
 
         `exclude` holds the watchdog's own probe addresses: neither live nor abandoned.
         """
         if not self.local:
-            return ProcessEvidence(pid=None, local=False, error="the server is on another machine")
+            return ProcessSample(pid=None, local=False, error="the server is on another machine")
         now = self.mono()
         port = self.server.port
         guessed = pid is None and self._proc is not None
@@ -145,13 +145,11 @@ class Inspector:
                 # The last listener is checked below; a full scan is costly (every socket).
                 pid = self._proc.pid if self._proc is not None else self.table.listener(port)
         except (psutil.Error, OSError) as exc:
-            return ProcessEvidence(pid=None, error=f"cannot list listening sockets: {exc}")
+            return ProcessSample(pid=None, error=f"cannot list listening sockets: {exc}")
         if pid is None:
             self._proc = None
             self._clients.clear()
-            return ProcessEvidence(
-                pid=None, error=f"no process of this user listens on port {port}"
-            )
+            return ProcessSample(pid=None, error=f"no process of this user listens on port {port}")
         try:
             proc = self._process(pid)
             with proc.oneshot():
@@ -165,9 +163,9 @@ class Inspector:
             self._proc = None
             if guessed:
                 return self.sample(None, exclude)
-            return ProcessEvidence(pid=None, error=f"process {pid} exited")
+            return ProcessSample(pid=None, error=f"process {pid} exited")
         except (psutil.AccessDenied, psutil.ZombieProcess) as exc:
-            return ProcessEvidence(pid=pid, error=f"cannot inspect PID {pid}: {type(exc).__name__}")
+            return ProcessSample(pid=pid, error=f"cannot inspect PID {pid}: {type(exc).__name__}")
 
         listening = [c for c in conns if _listens(c, port)]
         if self._kind != "tcp" and not listening:
@@ -186,7 +184,7 @@ class Inspector:
         seen = self._clients_of(conns, port, exclude, now)
         self._clients = seen
         clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
-        return ProcessEvidence(
+        return ProcessSample(
             pid=pid,
             create_time=create_time,
             cmdline=cmdline,

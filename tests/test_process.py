@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.evidence import Inspector, ProcessTable, is_local_host
+from mlx_watchdog.sense.process import Inspector, ProcessTable, is_local_host
 from tests.conftest import Running
 
 
