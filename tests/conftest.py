@@ -658,18 +658,46 @@ def user_services(user: User) -> Iterator[FakeServices]:
 LLAMA_MARK = "llama_server"
 
 
+# What makes a test slow: a real server, a daemon, a service user, a browser, mypy and a wheel.
+# `pytest -m "not slow"` leaves them out: the everyday loop (CONTRIBUTING.md).
+SLOW_FIXTURES = {
+    "tiny_model",
+    "llama_binary",
+    "run_daemon",
+    "hanging",
+    "user",
+    "fake_services",
+    "bad_server",
+    "module_bad_server",
+}
+SLOW_FILES = {"test_quality.py", "test_page_browser.py", "test_demo.py", "test_prometheus.py"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "llama_binary" in getattr(item, "fixturenames", ()):
+        used = set(getattr(item, "fixturenames", ()))
+        if "llama_binary" in used:
             item.add_marker(LLAMA_MARK)
+        if used & SLOW_FIXTURES or item.path.name in SLOW_FILES:
+            item.add_marker("slow")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests import background
+
+    background.stop()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build llama-server here, once, before the first test: a build of about 10 minutes must
+    """Start the quality tools in the background (tests/background.py). Build llama-server here, once, before the first test: a build of about 10 minutes must
     not run inside a test's time limit (its fixture would error, and every later test with it)."""
-    from tests import llamacpp
+    from tests import background, llamacpp
 
     config = session.config
+    if not config.option.collectonly and any(
+        i.path.name == "test_quality.py" for i in session.items
+    ):
+        background.start()
     wanted = any(LLAMA_MARK in (m.name for m in item.iter_markers()) for item in session.items)
     if not wanted or config.option.collectonly or llamacpp.find():
         return

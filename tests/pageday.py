@@ -128,8 +128,9 @@ def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> dict[str, 
 class PageBackend:
     """What the daemon gives the endpoint, from a status document and a history."""
 
-    def __init__(self, store: Store, doc: dict[str, object]) -> None:
+    def __init__(self, store: Store, doc: dict[str, object], reload_s: int = 10) -> None:
         self.doc, self.days = doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic)
+        self.reload_s = reload_s
 
     def status(self) -> dict[str, object]:
         return self.doc
@@ -139,7 +140,7 @@ class PageBackend:
 
     def page(self) -> str:
         names = [s["name"] for s in self.doc["servers"]]  # type: ignore[attr-defined]
-        return render(self.doc, self.days.of(names), NOW, 10)  # type: ignore[arg-type]
+        return render(self.doc, self.days.of(names), NOW, self.reload_s)  # type: ignore[arg-type]
 
     def act(self, name: str, action: str) -> str:
         raise KeyError(name)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import background
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -24,28 +26,21 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_mypy_strict(tmp_path: Path) -> None:
-    # The folder is watchdog/, the package mlx_watchdog: mypy finds it under its import name.
-    (tmp_path / "mlx_watchdog").symlink_to(ROOT / "watchdog")
-    result = run("mypy", "-p", "mlx_watchdog", MYPYPATH=str(tmp_path))
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_mypy_strict() -> None:
+    code, out = background.result("mypy")
+    assert code == 0, out
 
 
 def test_ruff() -> None:
-    result = run("ruff", "check", "watchdog", "tests", "bench")
-    assert result.returncode == 0, result.stdout + result.stderr
+    code, out = background.result("ruff")
+    assert code == 0, out
 
 
 def test_layers_and_no_click_or_rich_in_the_core() -> None:
     """The import-linter contracts in pyproject.toml: each layer imports only those below it."""
-    result = subprocess.run(
-        [Path(sys.executable).with_name("lint-imports"), "--no-cache"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    code, out = background.result("lint-imports")
+    assert code == 0, out
+    assert "3 kept, 0 broken" in out
 
 
 @pytest.fixture(scope="module")
