@@ -1,8 +1,8 @@
-"""The `mlx-watchdog compare` tables in the README: the real mlx_lm.server on the tiny model,
+"""The `mlx-watchdog compare` tables in docs/servers.md: the real mlx_lm.server on the tiny model,
 serial (--draft-model) against batched, and serial mlx_lm.server against llama.cpp's
 llama-server (one slot, then four) on a tiny GGUF of the same size class.
 
-    python bench/compare_example.py [--prompt-tokens 4k]
+    python bench/compare_example.py [--prompt-tokens 4k] [--quick]   # --quick: 512 tokens (CI)
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ def compare(a: Running, b: Running, tokens: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompt-tokens", default="4k")
+    parser.add_argument("--quick", action="store_true", help="a 512-token prompt (CI's smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.prompt_tokens = "512"
     binary = llamacpp.ensure()
     with tempfile.TemporaryDirectory(prefix="mlx-watchdog-compare-") as tmp:
         root = Path(tmp)

@@ -1,4 +1,4 @@
-"""The `mlx-watchdog fleet` output in the README: two watchdogs on this machine, each watching
+"""The `mlx-watchdog fleet` output in docs/fleet.md: two watchdogs on this machine, each watching
 one of the tests' misbehaving servers; two clients give up on the first, which then holds
 every request (wedged), the second serves.
 

@@ -1,4 +1,4 @@
-"""What the README says llama-server does with a long prompt: how often its progress counter
+"""What docs/servers.md says llama-server does with a long prompt: how often its progress counter
 moves while it prefills, and what it does when the client leaves mid-prefill.
 
 Runs the real llama-server (tests/llamacpp.py builds it once) on the tests' tiny GGUF, one
@@ -6,7 +6,7 @@ slot. First a patient client: /metrics polled every second (answer time, n_decod
 Then the same size of prompt abandoned after --after seconds: when the server logs the
 cancel, when it frees the slot and with how many tokens, and when a tiny request is served.
 
-    python bench/llama_abandon.py [--words 1500] [--after 3]
+    python bench/llama_abandon.py [--words 1500] [--after 3] [--quick]   # --quick: 300 words, 1 s (CI)
 """
 
 from __future__ import annotations
@@ -118,7 +118,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--words", type=int, default=1500)
     parser.add_argument("--after", type=float, default=3.0)
+    parser.add_argument("--quick", action="store_true", help="300 words, leaving after 1 s (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.words, args.after = 300, 1.0
     binary = llamacpp.ensure()
     with tempfile.TemporaryDirectory(prefix="mlx-watchdog-llama-") as tmp:
         root = Path(tmp)

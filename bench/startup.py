@@ -2,6 +2,7 @@
 
     python bench/startup.py                 # --help, status --json, daemon RSS, 10,000 probes
     python bench/startup.py --probes 2000   # a shorter footprint run
+    python bench/startup.py --quick         # CI's smoke run: 3 runs, 300 probes
 
 Targets (issue 10): `--help` under 120 ms median, `status --json` against a running daemon under
 150 ms median, the daemon's RSS at most 36 MiB after start, and flat (within 1 MiB) from 1,000
@@ -65,7 +66,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--probes", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true", help="3 runs, 300 probes (CI's smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.probes = 3, 300
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     result: dict[str, object] = {"machine": f"{os.cpu_count()} cores", "runs": args.runs}
     with tempfile.TemporaryDirectory(prefix="mlx-watchdog-bench-") as tmp:
@@ -77,48 +81,54 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        state = work / "state"
-        config = work / "config.toml"
-        config.write_text(
-            f'[watchdog]\ninterval = "1s"\nlisten = "127.0.0.1:0"\nstate_dir = "{state}"\n\n'
-            f'[[server]]\nname = "bad"\nurl = "http://127.0.0.1:{port}"\nmatch = "badserver"\n'
-        )
-        run_env = {**env, "MLX_WATCHDOG_CONFIG": str(config)}
-        result["python_startup_ms"] = median_ms([str(py), "-c", "pass"], env, args.runs)
-        result["help_ms"] = median_ms([str(py), "-m", "mlx_watchdog", "--help"], env, args.runs)
-        daemon = subprocess.Popen(
-            [py, "-m", "mlx_watchdog", "run"],
-            env=run_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
         try:
-            deadline = time.monotonic() + 30
-            while not (state / "daemon.json").exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(5)  # a few ticks: the probe, the inspector and the store have run
-            result["daemon_rss_after_start_mib"] = rss_mib(daemon.pid)
-            result["status_json_ms"] = median_ms(
-                [str(py), "-m", "mlx_watchdog", "status", "--json"], run_env, args.runs
+            state = work / "state"
+            config = work / "config.toml"
+            config.write_text(
+                f'[watchdog]\ninterval = "1s"\nlisten = "127.0.0.1:0"\nstate_dir = "{state}"\n\n'
+                f'[[server]]\nname = "bad"\nurl = "http://127.0.0.1:{port}"\nmatch = "badserver"\n'
             )
+            run_env = {**env, "MLX_WATCHDOG_CONFIG": str(config)}
+            result["python_startup_ms"] = median_ms([str(py), "-c", "pass"], env, args.runs)
+            result["help_ms"] = median_ms([str(py), "-m", "mlx_watchdog", "--help"], env, args.runs)
+            daemon = subprocess.Popen(
+                [py, "-m", "mlx_watchdog", "run"],
+                env=run_env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                deadline = time.monotonic() + 30
+                while not (state / "daemon.json").exists() and time.monotonic() < deadline:
+                    if daemon.poll() is not None:
+                        raise SystemExit(f"the watchdog exited with {daemon.returncode} at start")
+                    time.sleep(0.1)
+                time.sleep(5)  # a few ticks: the probe, the inspector and the store have run
+                if daemon.poll() is not None or not (state / "daemon.json").exists():
+                    raise SystemExit("the watchdog is not running: nothing to measure")
+                result["daemon_rss_after_start_mib"] = rss_mib(daemon.pid)
+                result["status_json_ms"] = median_ms(
+                    [str(py), "-m", "mlx_watchdog", "status", "--json"], run_env, args.runs
+                )
+            finally:
+                daemon.terminate()
+                daemon.wait(30)
+            footprint = subprocess.run(
+                [py, "-c", FOOTPRINT, str(config), str(args.probes)],
+                env=run_env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            result["probes"] = json.loads(footprint.stdout)
         finally:
-            daemon.terminate()
-            daemon.wait(30)
-        footprint = subprocess.run(
-            [py, "-c", FOOTPRINT, str(config), str(args.probes)],
-            env=run_env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        result["probes"] = json.loads(footprint.stdout)
-        server.terminate()
-        server.wait(10)
+            server.terminate()
+            server.wait(10)
     print(json.dumps(result, indent=2))
 
 
 # The daemon's own tick, driven as fast as the server answers, in a process of its own; RSS
-# sampled at 1,000 probes and at the end.
+# sampled at 1,000 probes (a tenth of a shorter run) and at the end.
 FOOTPRINT = """
 import json, sys
 sys.modules.setdefault("httpx._main", None)  # as `mlx-watchdog run` does
@@ -134,15 +144,16 @@ total = int(sys.argv[2])
 clock = [1.8e9, 1e6]
 daemon = Daemon(config, wall=lambda: clock[0], mono=lambda: clock[1])
 proc = psutil.Process()
+first = min(1000, max(1, total // 10))
 marks = {}
 for i in range(1, total + 1):
     clock[0] += config.watchdog.interval
     clock[1] += config.watchdog.interval
     daemon.tick("bad")
-    if i in (1000, total):
+    if i in (first, total):
         marks[i] = round(proc.memory_info().rss / 2**20, 2)
 daemon.store.close()
-print(json.dumps({"rss_mib_at": marks, "growth_mib": round(marks[total] - marks[1000], 2)}))
+print(json.dumps({"rss_mib_at": marks, "growth_mib": round(marks[total] - marks[first], 2)}))
 """
 
 

@@ -91,3 +91,40 @@ def test_a_bad_config_exits_3_naming_the_key_and_the_value(
     done = mlx_watchdog(*path, "--config", str(bad), *READS_CONFIG[path], timeout=60)
     assert done.returncode == 3, (path, done.returncode, done.stdout, done.stderr)
     assert 'watchdog.interval = "soon"' in done.stderr, done.stderr
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_every_link_between_the_docs_lands_on_a_file_and_a_heading() -> None:
+    broken = []
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            landed = (doc.parent / path).resolve() if path else doc
+            if not landed.exists():
+                broken.append(f"{doc.name}: {target} (no such file)")
+            elif anchor and landed.suffix == ".md" and anchor not in anchors(landed):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_each_alert_links_to_its_own_section_of_the_runbook() -> None:
+    from mlx_watchdog import fleet
+
+    rules = fleet.rules()
+    alerts = re.findall(r"- alert: (\w+)", rules)
+    links = re.findall(r'runbook_url: "docs/runbook\.md#([^"]+)"', rules)
+    assert len(alerts) >= 6 and links == [a.lower() for a in alerts]
+    assert set(links) <= anchors(ROOT / "docs" / "runbook.md")

@@ -6,7 +6,7 @@ did not allow would be an error there), and it reads the same with JavaScript of
 test is a real run: a daemon watching the real mlx_lm.server, and a server of ours that hangs
 until the daemon restarts it.
 
-Set MLX_WATCHDOG_SHOTS to a folder to keep the screenshots (the README's come from there).
+Set MLX_WATCHDOG_SHOTS to a folder to keep the screenshots (docs/endpoint.md's come from there).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from mlx_watchdog.daemon import Daemon
 from tests.conftest import BadByPidfile, DaemonThread, free_port, mlx_watchdog, until
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
-BASE = "https://example.org/mlx-watchdog/README.md"
+BASE = "https://example.org/mlx-watchdog/docs/runbook.md"
 
 
 def rules_file(tmp_path: Path, text: str | None = None) -> Path:
@@ -84,7 +84,7 @@ def test_a_runbook_base_is_an_absolute_url_or_the_links_are_said_relative() -> N
     assert relative.returncode == 3 and "must be an absolute http(s) URL" in relative.stderr
     bare = mlx_watchdog("prometheus", "rules")
     assert bare.returncode == 0 and "runbook_url is relative" in bare.stderr
-    assert 'runbook_url: "README.md#' in bare.stdout
+    assert 'runbook_url: "docs/runbook.md#' in bare.stdout
 
 
 def alerts() -> dict[str, dict[str, Any]]:
@@ -216,7 +216,7 @@ def test_the_commands_print_the_rules_and_a_dashboard_of_metrics_that_exist(
     printed = mlx_watchdog("prometheus", "rules", "--runbook-base", BASE)
     assert printed.returncode == 0, printed.stderr
     assert yaml.safe_load(printed.stdout) == yaml.safe_load(fleet.rules(BASE))
-    assert f"{BASE}#troubleshooting" in printed.stdout and "@RUNBOOK@" not in printed.stdout
+    assert f"{BASE}#mlxserverwedged" in printed.stdout and "@RUNBOOK@" not in printed.stdout
     board = mlx_watchdog("prometheus", "dashboard")
     assert board.returncode == 0, board.stderr
     doc = json.loads(board.stdout)

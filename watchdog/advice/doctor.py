@@ -218,7 +218,7 @@ def _profile(server: ServerConfig, cmdline: Sequence[str]) -> Iterator[Finding]:
             f'the process on the port is not what match = "{server.match}" expects '
             f'(kind = "{server.kind}"): {" ".join(cmdline)[:120]}; the watchdog will not '
             "signal it",
-            "set kind to the server you run (see the README's supported servers), or match",
+            "set kind to the server you run (see docs/servers.md, supported servers), or match",
         )
     for what, avoid in profile.failure_modes:
         yield Finding("note", server.name, f"{profile.title}: {what}", avoid)

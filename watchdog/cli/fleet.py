@@ -16,8 +16,8 @@ def prometheus() -> None:
 @prometheus.command("rules")
 @click.option(
     "--runbook-base",
-    help="The README's absolute URL (e.g. in your repository): each alert's runbook_url, a "
-    "link in Alertmanager. Without it the links are relative (README.md#...).",
+    help="The absolute URL of docs/runbook.md (e.g. in your repository): each alert's "
+    "runbook_url, a link in Alertmanager. Without it the links are relative (docs/runbook.md#...).",
 )
 def prometheus_rules(runbook_base: str | None) -> None:
     """Alert and recording rules: wedged, a person needed, restarts, a silent watchdog, ..."""
@@ -28,15 +28,15 @@ def prometheus_rules(runbook_base: str | None) -> None:
 
     if runbook_base is None:
         err.print(
-            "runbook_url is relative (README.md#...): no link in Alertmanager; give "
-            "--runbook-base https://.../README.md to make it one"
+            "runbook_url is relative (docs/runbook.md#...): no link in Alertmanager; give "
+            "--runbook-base https://.../docs/runbook.md to make it one"
         )
     elif (
         urlsplit(runbook_base).scheme not in ("http", "https") or not urlsplit(runbook_base).netloc
     ):
         raise click.UsageError(
             f"--runbook-base {runbook_base!r} must be an absolute http(s) URL, e.g. "
-            "https://github.com/you/mlx-watchdog/blob/main/README.md"
+            "https://github.com/you/mlx-watchdog/blob/main/docs/runbook.md"
         )
     try:
         text = fleet.rules(runbook_base or fleet.RUNBOOK)

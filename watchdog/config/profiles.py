@@ -1,6 +1,6 @@
 """What the watchdog knows about each local server: the defaults a user would otherwise look
 up (`match`, whether the probe must name a model), the health route and what it means, and
-where the server reports its own load. Read from each project's source; see the README's
+where the server reports its own load. Read from each project's source; see docs/servers.md's
 "Supported servers" table. Plain data: reading the routes is `sense.load`."""
 
 from __future__ import annotations

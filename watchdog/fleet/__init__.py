@@ -17,11 +17,11 @@ from typing import Any
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN
 
 HERE = Path(__file__).parent
-RUNBOOK = "README.md"  # the README's sections; --runbook-base points them at your copy
+RUNBOOK = "docs/runbook.md"  # a section an alert; --runbook-base points them at your copy
 
 
 def rules(runbook_base: str = RUNBOOK) -> str:
-    """The rules file, each runbook_url a section of the README at `runbook_base`."""
+    """The rules file, each runbook_url its alert's section of the runbook at `runbook_base`."""
     base = runbook_base.rstrip("/")
     if _CONTROL.search(base):
         raise ValueError(f"--runbook-base {base!r} holds a control character")

@@ -9,7 +9,7 @@ from enum import StrEnum
 
 
 class State(StrEnum):
-    """A server's state as the watchdog judges it (README's States)."""
+    """A server's state as the watchdog judges it (docs/servers.md, States)."""
 
     STARTING = "starting"  # (re)started, not serving yet
     HEALTHY = "healthy"  # a token within slow_after
