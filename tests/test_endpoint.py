@@ -531,6 +531,8 @@ def test_a_persons_restart_never_repeats_the_watchdogs_and_reports_how_it_ended(
         assert "serves again" in json.loads(said.stdout)["refused"]
         drained = cli(cfg, "drain", "bad", "--json")
         assert drained.returncode == 0 and json.loads(drained.stdout)["done"] is True
+        row = next(line for line in cli(cfg, "status").stdout.splitlines() if "bad" in line)
+        assert row.split()[2] == "drained", row  # the traffic column: out of the balancer
         again = cli(cfg, "drain", "bad", "--json")
         assert again.returncode == 1 and "drained already" in json.loads(again.stdout)["refused"]
     finally:

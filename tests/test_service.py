@@ -194,6 +194,14 @@ def test_install_reinstall_uninstall(home: Path, fake_services: FakeServices) ->
     assert dry.returncode == 0, dry.stderr
     assert "# would write" in dry.stdout and "# would run (user):" in dry.stdout
     assert fake_services.calls() == [] and not (home / ".config" / "systemd").exists()
+    preview = mlx_watchdog("install", "--target", "systemd", "--dry-run", "--json")
+    said = json.loads(preview.stdout)
+    assert said["dry_run"] is True and said["action"] == "write" and "done" not in said
+    assert said["file"].endswith(name) and said["config"] == str(config)
+    assert (
+        said["steps"][-1] == f"systemctl --user restart {name}" and "[Service]" in said["content"]
+    )
+    assert fake_services.calls() == []
 
     first = mlx_watchdog("install", "--target", "systemd")
     assert first.returncode == 0, first.stderr
@@ -219,8 +227,12 @@ def test_install_reinstall_uninstall(home: Path, fake_services: FakeServices) ->
     assert second != pid and gone(pid)
     assert len([p for p in fake_services.pids() if not gone(p)]) == 2  # the unit, its supervisor
 
-    removed = mlx_watchdog("uninstall", "--target", "systemd")
+    removed = mlx_watchdog("uninstall", "--target", "systemd", "--json")
     assert removed.returncode == 0, removed.stderr
+    done = json.loads(removed.stdout)
+    assert done["action"] == "remove" and done["file"] == str(path)
+    assert f"systemctl --user disable --now {name}: exit 0" in done["done"], done
+    assert f"removed {path}" in done["done"]
     assert not path.exists()
     assert job_pid(fake_services, name) is None
     assert gone(second)

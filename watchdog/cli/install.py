@@ -32,6 +32,12 @@ system_option = click.option(
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Print the file and the commands; change nothing."
 )
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print what was (or would be) written and run as JSON; problems still go to stderr.",
+)
 
 
 def _target(kind: str | None, system_wide: bool, preview: bool = False) -> Any:
@@ -54,7 +60,10 @@ def _target(kind: str | None, system_wide: bool, preview: bool = False) -> Any:
 @target_option
 @system_option
 @dry_run_option
-def install(config_path: Path | None, target: str | None, system_wide: bool, dry_run: bool) -> None:
+@json_option
+def install(
+    config_path: Path | None, target: str | None, system_wide: bool, dry_run: bool, as_json: bool
+) -> None:
     """Install the watchdog as a launchd job or a systemd unit, and start it.
 
     Runs again safely: the job is replaced with the new file. A missing config file is
@@ -86,7 +95,7 @@ def install(config_path: Path | None, target: str | None, system_wide: bool, dry
     home = user.home if user is not None else Path.home()
     job = service.WatchdogJob(path, home, os.environ, service.interpreter(), writable)
     plan = tgt.watchdog_plan(job)
-    _carry_out(plan, dry_run)
+    _carry_out(plan, dry_run, as_json, config=str(path))
 
 
 def _job_user(system_wide: bool, preview: bool = False) -> JobUser | None:
@@ -156,10 +165,12 @@ def _owned_by(user: JobUser | None, path: Path) -> Iterator[None]:
 @target_option
 @system_option
 @dry_run_option
-def uninstall(target: str | None, system_wide: bool, dry_run: bool) -> None:
+@json_option
+def uninstall(target: str | None, system_wide: bool, dry_run: bool, as_json: bool) -> None:
     """Stop the watchdog's service and remove its file (config and history stay)."""
     tgt = _target(target, system_wide)
-    _carry_out(tgt.uninstall_plan(tgt.watchdog_label, home=Path.home(), env=os.environ), dry_run)
+    plan = tgt.uninstall_plan(tgt.watchdog_label, home=Path.home(), env=os.environ)
+    _carry_out(plan, dry_run, as_json)
 
 
 @click.group()
@@ -247,28 +258,51 @@ def server_uninstall(name: str, target: str | None, dry_run: bool) -> None:
     _carry_out(plan, dry_run)
 
 
-def _carry_out(plan: Any, dry_run: bool) -> None:
+def _carry_out(plan: Any, dry_run: bool, as_json: bool = False, **more: str) -> None:
     from mlx_watchdog import service
 
+    doc: dict[str, Any] = {
+        "file": str(plan.path),
+        "action": "remove" if plan.content is None else "write",
+        "domain": plan.domain,
+        "steps": [step.show() for step in plan.steps],
+        "dry_run": dry_run,
+        **more,
+        "hints": list(plan.hints),
+    }
     if dry_run:
-        if plan.content is None:
-            click.echo(f"# would remove {plan.path}")
-        else:
-            click.echo(f"# would write {plan.path} (mode 0644):")
-            click.echo(plan.content.decode(), nl=False)
-        click.echo(f"# would run ({plan.domain}):")
-        for step in plan.steps:
-            click.echo("  " + step.show())
+        doc["content"] = None if plan.content is None else plan.content.decode()
+        if not as_json:
+            if plan.content is None:
+                click.echo(f"# would remove {plan.path}")
+            else:
+                click.echo(f"# would write {plan.path} (mode 0644):")
+                click.echo(plan.content.decode(), nl=False)
+            click.echo(f"# would run ({plan.domain}):")
+            for step in plan.steps:
+                click.echo("  " + step.show())
     else:
-        try:
-            from mlx_watchdog.act.managers import System
+        from mlx_watchdog.act.managers import System
 
-            for line in service.apply(plan, System()):
-                click.echo(line)
+        try:
+            doc["done"] = service.apply(plan, System())
         except service.ServiceError as exc:
+            if as_json:
+                _json({**doc, "done": None, "error": str(exc)})
             raise click.ClickException(str(exc)) from None
+        if not as_json:
+            for line in doc["done"]:
+                click.echo(line)
+    if as_json:
+        _json(doc)
     for hint in plan.hints:
         err.print(f"hint: {escape(hint)}", soft_wrap=True)
+
+
+def _json(doc: dict[str, Any]) -> None:
+    import json
+
+    click.echo(json.dumps(doc, indent=2))
 
 
 COMMANDS = (install, uninstall, server)

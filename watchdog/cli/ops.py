@@ -134,7 +134,17 @@ def _status_view(doc: dict[str, Any]) -> Group:
     now = time.time()
     live = bool(doc["watchdog"].get("running"))
     table = Table(box=None, padding=(0, 1), header_style="dim")
-    for column in ("server", "state", "last token", "TTFT p50/p95", "restarts", "left", "PID"):
+    columns = (
+        "server",
+        "state",
+        "traffic",
+        "last token",
+        "TTFT p50/p95",
+        "restarts",
+        "left",
+        "PID",
+    )
+    for column in columns:
         table.add_column(column, no_wrap=True)
     table.add_column("RSS", no_wrap=True, justify="right")
     notes = []
@@ -153,6 +163,7 @@ def _status_view(doc: dict[str, Any]) -> Group:
         table.add_row(
             s["name"],
             shown,
+            _traffic(s) if live else "-",
             _ago(s.get("last_token_at"), now),
             f"{_ms(s.get('ttft_p50_s'))}/{_ms(s.get('ttft_p95_s'))} ms",
             str(s["restarts_24h"]),
@@ -195,6 +206,15 @@ def _status_view(doc: dict[str, Any]) -> Group:
     if w.get("history_problem"):
         notes.append(f"[bold red]history:[/] {escape(w['history_problem'])}")
     return Group(head, table, *notes)
+
+
+def _traffic(s: dict[str, Any]) -> str:
+    """Whether a load balancer reading /healthz sends it requests: in, or out and why."""
+    if s.get("draining"):
+        return "[yellow]drained[/]"
+    if s.get("restarting"):
+        return "[yellow]restarting[/]"
+    return "in" if s.get("serving") else "[red]out[/]"
 
 
 def _alive(pid: object) -> bool:
