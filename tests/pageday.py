@@ -50,7 +50,7 @@ def a_day(store: Store, server: str, now: float, *, hostile: str = "") -> Writte
             state = "busy"
         ttft = None if state == "wedged" else 0.2 + (at * 7919 % 97) / 400
         ttft = ttft + 1.5 if state == "busy" and ttft is not None else ttft  # behind clients
-        store.record_probe(server, at, state, "a probe", {"ttft_s": ttft})
+        store.record_probe(server, at, state, "a probe", {"ttft_s": ttft}, step=STEP)
         if ttft is not None:
             with_token += 1
             lines += last_token is None or at - last_token > 3 * STEP

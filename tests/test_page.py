@@ -431,3 +431,33 @@ def test_the_page_shows_where_the_server_is_and_what_to_do_when_held() -> None:
     assert "last 24 hours" in html  # a day of history: a day's span
     assert "Next: once the cause is dealt with" in html
     assert "mlx-watchdog restart srv-wedged" in html
+
+
+def test_the_page_shows_the_last_probes_and_the_share_served_over_30_days() -> None:
+    """A heartbeat strip of the last probes (newest at the right) and the share of the probed
+    time spent serving over 30 days, from the serving days kept beside the probes."""
+    store = Store(None)
+    a_day(store, "srv-healthy", NOW)
+    day = read_day(store, "srv-healthy", NOW, STEP)
+    assert len(day.last_probes) == 60 and day.last_probes[-1][1] == "healthy"
+    probed, serving = day.month
+    wedged = 6 * STEP  # 30 min of probes every STEP counted as wedged (the last one: to the next)
+    assert probed > 20 * 3600 and serving == probed - wedged
+    doc = status_doc(NOW, ("healthy",))
+    html = render(doc, {"srv-healthy": day}, NOW, 10)
+    strip = re.search(r'<figure class="strip">(.*?)</figure>', html, re.S)
+    assert strip is not None
+    marks = re.findall(r'<rect class="probe s-(\w+)" x="([\d.]+)"', strip.group(1))
+    states = [s for s, _ in marks]
+    assert len(marks) == 60 and states.count("busy") == 12  # the busy hour among them
+    assert set(states) == {"healthy", "busy"} and states[-1] == "healthy"
+    assert float(marks[-1][1]) > float(marks[0][1])  # newest at the right
+    share = f"{100 * serving / probed:.2f} %"
+    assert f"<dt>serving (30 d)</dt><dd>{share}</dd>" in html
+    fresh = read_day(Store(None), "new", NOW, STEP)
+    assert fresh.month == (0.0, 0.0) and '<figure class="strip">' not in render(
+        {**doc, "servers": [{**doc["servers"][0], "name": "new"}]},  # type: ignore[dict-item]
+        {"new": fresh},
+        NOW,
+        10,
+    )

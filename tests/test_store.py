@@ -225,3 +225,57 @@ def test_gave_up_counts_edited_by_hand_do_not_stop_the_numbers(tmp_path: Path) -
     held = tally.figures(server, 200.0, 200.0, incident=None, needs_person=None)
     assert held.gave_up_24h == 4
     store.close()
+
+
+def test_serving_time_counts_probed_seconds_by_the_earlier_state_and_skips_gaps(
+    tmp_path: Path,
+) -> None:
+    """The page's 30-day uptime: the time from one probe to the next counts as the earlier
+    probe's state; a gap of more than three intervals (the watchdog away) counts for nothing;
+    rows are per UTC day and survive the process."""
+    from mlx_watchdog.record.serving import DAY_S
+
+    path = tmp_path / "history.db"
+    store = Store(path)
+    day0 = 20_000 * DAY_S
+    at = day0 + 100.0
+    for state in ["healthy"] * 10 + ["wedged"] * 5 + ["healthy"] * 5:  # 19 gaps of 1 s
+        store.record_probe("a", at, state, "r", {}, step=1.0)
+        at += 1.0
+    at += 60.0  # the watchdog away: not counted
+    for _ in range(3):
+        store.record_probe("a", at, "busy", "r", {}, step=1.0)
+        at += 1.0
+    store.record_probe("a", day0 + DAY_S + 5, "healthy", "r", {}, step=1.0)  # the next day
+    store.record_probe("b", at, "healthy", "r", {})  # no step (a `probe` command): not counted
+    assert store.serving("a", day0) == (21.0, 16.0)  # 19 + 2 probed; 9 + 5 + 2 serving
+    store.close()
+    again = Store(path)
+    assert again.serving("a", day0) == (21.0, 16.0)
+    assert again.serving("a", day0 + DAY_S) == (0.0, 0.0)  # from the next day on
+    assert again.serving("b", day0) == (0.0, 0.0)
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT day, probed_s, serving_s FROM serving").fetchall() == [
+        (20_000, 21.0, 16.0)
+    ]
+    con.close()
+    again.close()
+
+
+def test_serving_time_is_written_about_once_a_minute_and_read_with_what_is_not_yet(
+    tmp_path: Path,
+) -> None:
+    from mlx_watchdog.record.serving import DAY_S, WRITE_EVERY
+
+    path = tmp_path / "history.db"
+    store = Store(path)
+    start = 20_000 * DAY_S + 10.0
+    n = int(WRITE_EVERY) + 31
+    for k in range(n):
+        store.record_probe("a", start + k, "healthy", "r", {}, step=1.0)
+    con = sqlite3.connect(path)
+    written = con.execute("SELECT probed_s FROM serving").fetchall()
+    con.close()
+    assert written == [(WRITE_EVERY,)]  # one row written; the rest still in memory
+    assert store.serving("a", start) == (n - 1.0, n - 1.0)  # both, read together
+    store.close()

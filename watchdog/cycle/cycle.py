@@ -204,7 +204,9 @@ class Cycle:
         if v is not None:
             self.sight.verdict_mono = self.mono()
             now = self.wall()
-            self.store.record_probe(self.server.name, now, v.state, v.reason, v.evidence.to_json())
+            self.store.record_probe(
+                self.server.name, now, v.state, v.reason, v.evidence.to_json(), step=interval
+            )
             self.crew.sink.observe(self.server.name, v)
             if v.evidence.ttft_s is not None:
                 self.tally.ttfts.append((now, v.evidence.ttft_s))

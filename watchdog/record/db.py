@@ -76,6 +76,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX dumps_incident ON dumps (incident);
         """,
     ),
+    # Seconds probed and seconds serving, per server and UTC day (record/serving.py).
+    (
+        "0006_serving_days",
+        """
+        CREATE TABLE serving (
+            server TEXT NOT NULL, day INTEGER NOT NULL, probed_s REAL NOT NULL,
+            serving_s REAL NOT NULL, PRIMARY KEY (server, day));
+        """,
+    ),
 ]
 
 HISTORY_FILE = "history.db"

@@ -28,6 +28,7 @@ from mlx_watchdog.record.rows import (
     probe_row,
     row_id,
 )
+from mlx_watchdog.record.serving import DAY_S, KEEP_DAYS, Gathered, ServingTime
 
 HISTORY_FILE = "history.db"
 DUMPS_KEPT = 50  # per server: a dump is up to about 100 kB
@@ -66,6 +67,7 @@ class Store:
         self.db = Database(path, wall=wall, behind=behind)
         self._behind = Behind(self.db) if behind else None
         self._writes: dict[str, int] = {}  # probes written per server since the last pruning
+        self._serving = ServingTime()
 
     @property
     def problem(self) -> str | None:
@@ -115,6 +117,8 @@ class Store:
         return self.db.rows(sql, args)
 
     def close(self) -> None:
+        for server, gathered in self._serving.drain():
+            self._write_serving(server, gathered)
         if self._behind is not None:
             self._behind.close()
         self.db.close()
@@ -122,8 +126,19 @@ class Store:
     # -- probes -----------------------------------------------------------------------------
 
     def record_probe(
-        self, server: str, at: float, state: str, reason: str, evidence: dict[str, Any]
+        self,
+        server: str,
+        at: float,
+        state: str,
+        reason: str,
+        evidence: dict[str, Any],
+        *,
+        step: float | None = None,
     ) -> None:
+        """One probe's verdict. With `step` (the daemon's probe interval) its time also counts
+        toward the server's serving days (record/serving.py)."""
+        if step is not None and (due := self._serving.probe(server, at, state, step)) is not None:
+            self._write_serving(server, due)
         written = self._writes.get(server, 0) + 1
         prune = None
         # The first write of each server in a process prunes too: runs shorter than
@@ -189,6 +204,29 @@ class Store:
             (server,),
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def _write_serving(self, server: str, g: Gathered) -> None:
+        self._write(
+            "INSERT INTO serving (server, day, probed_s, serving_s) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (server, day) DO UPDATE SET probed_s = probed_s + excluded.probed_s, "
+            "serving_s = serving_s + excluded.serving_s",
+            (server, g.day, g.probed_s, g.serving_s),
+            then="DELETE FROM serving WHERE server = ? AND day < ?",
+            then_args=(server, g.day - KEEP_DAYS),
+        )
+
+    def serving(self, server: str, since: float) -> tuple[float, float]:
+        """(seconds probed, seconds serving) from the day of `since` on, what this process
+        has not written yet included."""
+        rows = self._rows(
+            "SELECT SUM(probed_s), SUM(serving_s) FROM serving WHERE server = ? AND day >= ? "
+            f"AND {number('probed_s')} AND {number('serving_s')}",
+            (server, int(since // DAY_S)),
+        )
+        probed, serving = (float(v or 0.0) for v in rows[0]) if rows else (0.0, 0.0)
+        if (g := self._serving.unwritten(server)) is not None:
+            probed, serving = probed + g.probed_s, serving + g.serving_s
+        return probed, serving
 
     # -- incidents --------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ SEVERITY: tuple[str, ...] = (
     State.WEDGED,
 )
 INCIDENTS_SHOWN = 10
+STRIP = 60  # the last probes, one mark each (a heartbeat bar)
+MONTH = 30 * DAY
 GAP_PROBES = 3  # probe intervals without a probe (or a token) after which nothing is drawn
 
 
@@ -59,6 +61,8 @@ class Day:
     incidents: tuple[Incident, ...] = ()  # newest first
     advice: dict[str, Any] | None = None  # the last calibration's: at, prompt and timeouts
     problem: str | None = None  # the history could not be read as expected
+    last_probes: tuple[tuple[float, str], ...] = ()  # (when, state) of the last STRIP, oldest first
+    month: tuple[float, float] = (0.0, 0.0)  # seconds probed and serving over 30 days
 
 
 def lines_of(points: Sequence[tuple[float, float]], step: float) -> list[list[tuple[float, float]]]:
@@ -158,6 +162,8 @@ def read_day(store: Store, server: str, now: float, step: float) -> Day:
         gave_up=per_hour(gave_up, since),
         incidents=tuple(reversed(incidents)),
         advice=_advice(store.last_calibration(server)),
+        last_probes=tuple((at, s) for at, s, _ in probes[-STRIP:]),
+        month=store.serving(server, now - MONTH),
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
 from mlx_watchdog.judge.states import SERVING_STATES, SHOWN_STATES, UNKNOWN, State
 from mlx_watchdog.record.tally import DAY
-from mlx_watchdog.serve.day import HOUR, Day, lines_of
+from mlx_watchdog.serve.day import HOUR, STRIP, Day, lines_of
 
 WIDTH = 720  # the charts' own units; CSS stretches them to the page
 TEXT_SHOWN = 400  # characters of an incident's reason or advice
@@ -123,6 +123,7 @@ def _server(s: dict[str, Any], day: Day, now: float) -> str:
 <p class="reason">{escape(str(s["reason"]))}</p>
 {"".join(_notes(s))}
 {_numbers(s, now, day)}
+{_strip(day)}
 {_timeline(fitted)}
 {_ttft_chart(fitted)}
 {_hourly(day)}
@@ -191,6 +192,32 @@ def uptime(day: Day) -> float | None:
     return serving / probed
 
 
+def _share(probed: float, serving: float) -> str:
+    return "-" if probed <= 0 else f"{100 * min(1.0, serving / probed):.2f} %"
+
+
+def _strip(day: Day) -> str:
+    """The last probes, one mark each, newest at the right (as Uptime Kuma's heartbeat bar):
+    what the last minutes were at a glance."""
+    if not day.last_probes:
+        return ""
+    slot = WIDTH / STRIP
+    first = STRIP - len(day.last_probes)
+    marks = "".join(
+        f'<rect class="probe s-{state if state in SHOWN_STATES else UNKNOWN}" '
+        f'x="{round((first + i) * slot + 1, 1)}" y="0" width="{round(slot - 2, 1)}" height="16" '
+        f'rx="2"><title>{escape(state)} {_clock(at)}</title></rect>'
+        for i, (at, state) in enumerate(day.last_probes)
+    )
+    n = len(day.last_probes)
+    return (
+        f'<figure class="strip"><svg viewBox="0 0 {WIDTH} 16" role="img" '
+        f'aria-label="the last {n} probes">{marks}</svg>'
+        f"<figcaption>The last {n} probe{'s' if n != 1 else ''}, newest at the right.</figcaption>"
+        "</figure>"
+    )
+
+
 def _numbers(s: dict[str, Any], now: float, day: Day) -> str:
     last = s.get("last_token_at")
     p50, p95 = s.get("ttft_p50_s"), s.get("ttft_p95_s")
@@ -208,6 +235,7 @@ def _numbers(s: dict[str, Any], now: float, day: Day) -> str:
             "-" if s.get("state_since") is None else _ago(now - s["state_since"]),
         ),
         ("serving (24 h)", "-" if (up := uptime(day)) is None else f"{100 * up:.2f} %"),
+        ("serving (30 d)", _share(*day.month)),
         ("address", str(s.get("url") or "-")),
         ("manager", str(s.get("manager") or "-")),
         ("PID", "-" if s.get("pid") is None else str(s["pid"])),
