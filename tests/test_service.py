@@ -473,3 +473,24 @@ def test_system_unit_is_hardened(home: Path, tmp_path: Path) -> None:
         scores[system_wide] = float(found.group(1))
     assert scores[True] <= 4.0, scores
     assert scores[False] > scores[True]  # the sandbox is what makes the difference
+
+
+def test_server_install_and_uninstall_say_what_they_would_do_as_json(
+    home: Path, fake_services: FakeServices
+) -> None:
+    config = write_config(home)
+    before = config.read_text()
+    shown = mlx_watchdog(
+        "server", "install", "--model", "some/model", "--port", "8089", "--target", "systemd",
+        "--dry-run", "--json",
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["server"]["name"] == "mlx-8089" and doc["server"]["manager"] == "systemd"
+    assert doc["config"] == str(config) and doc["added"] is None and doc["dry_run"] is True
+    unit = doc["service"]
+    assert unit["action"] == "write" and "--port 8089" in unit["content"]
+    assert fake_services.calls() == [] and config.read_text() == before
+    gone = mlx_watchdog("server", "uninstall", "mlx-8089", "--target", "systemd", "--json")
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout)["action"] == "remove"

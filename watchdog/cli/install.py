@@ -95,7 +95,9 @@ def install(
     home = user.home if user is not None else Path.home()
     job = service.WatchdogJob(path, home, os.environ, service.interpreter(), writable)
     plan = tgt.watchdog_plan(job)
-    _carry_out(plan, dry_run, as_json, config=str(path))
+    doc = _carry_out(plan, dry_run, as_json)
+    if as_json:
+        _json({**doc, "config": str(path)})
 
 
 def _job_user(system_wide: bool, preview: bool = False) -> JobUser | None:
@@ -170,7 +172,9 @@ def uninstall(target: str | None, system_wide: bool, dry_run: bool, as_json: boo
     """Stop the watchdog's service and remove its file (config and history stay)."""
     tgt = _target(target, system_wide)
     plan = tgt.uninstall_plan(tgt.watchdog_label, home=Path.home(), env=os.environ)
-    _carry_out(plan, dry_run, as_json)
+    doc = _carry_out(plan, dry_run, as_json)
+    if as_json:
+        _json(doc)
 
 
 @click.group()
@@ -187,6 +191,7 @@ def server() -> None:
 @target_option
 @system_option
 @dry_run_option
+@json_option
 def server_install(
     config_path: Path | None,
     model: str,
@@ -196,6 +201,7 @@ def server_install(
     target: str | None,
     system_wide: bool,
     dry_run: bool,
+    as_json: bool,
 ) -> None:
     """Install mlx_lm.server as a service and add it to the config with the matching manager.
 
@@ -225,6 +231,7 @@ def server_install(
             )
     args = service.server_args(model, port, draft_model)
     entry: dict[str, Any] = {"name": name, "url": url}
+    unit: dict[str, Any] | None = None
     if system_wide:
         command = [service.interpreter(), "-m", "mlx_lm", "server", *args]
         env = {k: os.environ[k] for k in service.SERVER_ENV if os.environ.get(k)}
@@ -235,14 +242,21 @@ def server_install(
             name=name, args=args, home=Path.home(), env=os.environ, python=service.interpreter()
         )
         entry.update(manager=tgt.kind, **keys)
-        _carry_out(plan, dry_run)
+        unit = _carry_out(plan, dry_run, as_json)
     block = to_toml({"server": [entry]})
+    doc = {"server": entry, "config": str(path), "service": unit, "dry_run": dry_run}
     if dry_run:
-        click.echo(f"# would add to {path}:\n{block}", nl=False)
+        if as_json:
+            _json({**doc, "added": None})
+        else:
+            click.echo(f"# would add to {path}:\n{block}", nl=False)
         return
     with _owned_by(user, path):
         added = append_server(path, block)
-    click.echo(f"added server {name} to {added}")
+    if as_json:
+        _json({**doc, "added": str(added)})
+    else:
+        click.echo(f"added server {name} to {added}")
     said = "reload a running watchdog to watch it: `mlx-watchdog install` or kill -HUP its PID"
     err.print(escape(suggest(said, config_path)))
 
@@ -251,14 +265,19 @@ def server_install(
 @click.argument("name")
 @target_option
 @dry_run_option
-def server_uninstall(name: str, target: str | None, dry_run: bool) -> None:
+@json_option
+def server_uninstall(name: str, target: str | None, dry_run: bool, as_json: bool) -> None:
     """Stop and remove the server service NAME (its config entry stays; remove it by hand)."""
     tgt = _target(target, False)
     plan = tgt.uninstall_plan(tgt.server_label(name), home=Path.home(), env=os.environ)
-    _carry_out(plan, dry_run)
+    doc = _carry_out(plan, dry_run, as_json)
+    if as_json:
+        _json(doc)
 
 
-def _carry_out(plan: Any, dry_run: bool, as_json: bool = False, **more: str) -> None:
+def _carry_out(plan: Any, dry_run: bool, as_json: bool = False) -> dict[str, Any]:
+    """Write and run a plan (or show it: `dry_run`); what was done, as JSON prints it. With
+    `as_json` nothing goes to stdout here: the caller prints the document."""
     from mlx_watchdog import service
 
     doc: dict[str, Any] = {
@@ -267,7 +286,6 @@ def _carry_out(plan: Any, dry_run: bool, as_json: bool = False, **more: str) -> 
         "domain": plan.domain,
         "steps": [step.show() for step in plan.steps],
         "dry_run": dry_run,
-        **more,
         "hints": list(plan.hints),
     }
     if dry_run:
@@ -293,10 +311,9 @@ def _carry_out(plan: Any, dry_run: bool, as_json: bool = False, **more: str) -> 
         if not as_json:
             for line in doc["done"]:
                 click.echo(line)
-    if as_json:
-        _json(doc)
     for hint in plan.hints:
         err.print(f"hint: {escape(hint)}", soft_wrap=True)
+    return doc
 
 
 def _json(doc: dict[str, Any]) -> None:
