@@ -33,6 +33,13 @@ SURROGATE_NAMES = json.dumps(
         "models": [{"model": "\ud800", "name": "\ud800", "id": "\udcff"}],
     }
 )
+# Terminal escapes (OSC title, CSI clear, BEL), NUL and a right-to-left override: text that
+# reaches a terminal, a log or the history only as printable text (sense/text.py).
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x00\u202egnp.exe"
+ESCAPE_ERROR = json.dumps({"error": {"message": ESCAPES}})
+ESCAPE_NAMES = json.dumps(
+    {"data": [{"id": ESCAPES}], "models": [{"model": ESCAPES, "name": ESCAPES, "id": ESCAPES}]}
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ def _anywhere() -> dict[str, dict[str, object]]:
         # A JSON escape of a lone surrogate: text no encoder, database or terminal accepts.
         "surrogate-500": {"status": 500, "body": SURROGATE_ERROR},
         "surrogate-names": {"body": SURROGATE_NAMES},
+        "escapes-500": {"status": 500, "body": ESCAPE_ERROR},
+        "escape-names": {"body": ESCAPE_NAMES},
         "trickle": {"body": '{"data": []}' * 4, "trickle": 0.4},
         "trickled-headers": {"body": '{"data": []}', "trickle": 0.2, "whole": True},
         "endless": {"body": '{"data": [' * 64, "endless": True},
@@ -125,6 +134,7 @@ QUICK_ANSWERS = (
     "loading-503",
     "surrogate-500",
     "surrogate-names",
+    "escapes-500",
 )
 
 
