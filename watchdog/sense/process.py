@@ -8,6 +8,7 @@ Every psutil call goes through `ProcessTable`, so tests and other platforms can 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import time
@@ -17,13 +18,43 @@ from typing import Any
 import psutil
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense import sockdiag
 from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessSample
 
+log = logging.getLogger(__name__)
 HALF_CLOSED = frozenset({psutil.CONN_FIN_WAIT1, psutil.CONN_FIN_WAIT2})
 
 
+FAMILIES = {
+    "tcp": (socket.AF_INET, socket.AF_INET6),
+    "tcp4": (socket.AF_INET,),
+    "tcp6": (socket.AF_INET6,),
+}
+
+
 class ProcessTable:
-    """The few psutil calls the watchdog makes."""
+    """The few psutil calls the watchdog makes, and on Linux the kernel's socket table for
+    one port (sense/sockdiag.py) in place of psutil's read of every socket."""
+
+    def __init__(self) -> None:
+        self.diag = True  # until the kernel's socket diagnostics fail once: psutil then on
+
+    def connections(self, proc: psutil.Process, port: int, kind: str) -> list[Any]:
+        """The process's TCP sockets of that kind: at least those on `port` (all of them,
+        from psutil, where the kernel cannot be asked for one port)."""
+        if self.diag:
+            try:
+                on_port = sockdiag.sockets(port, FAMILIES[kind])
+                owned = sockdiag.owned_inodes(proc.pid)
+                return [c for c in on_port if c.inode in owned]
+            except FileNotFoundError:
+                raise psutil.NoSuchProcess(proc.pid) from None
+            except PermissionError:
+                raise psutil.AccessDenied(proc.pid) from None
+            except sockdiag.Unavailable as exc:
+                log.info("reading sockets through psutil: %s", exc)
+                self.diag = False
+        return list(proc.net_connections(kind))
 
     def listener(self, port: int) -> int | None:
         """PID of the process listening on `port`, among those this user may inspect."""
@@ -38,17 +69,25 @@ class ProcessTable:
                 return pid
         return None
 
-    def half_closed(self, clients: set[Address]) -> set[Address]:
-        """Of these clients on this machine, those that shut down only their sending side and
-        still wait for the answer: their socket is in FIN_WAIT1 or 2 (its FIN sent, acked or
-        not yet) and a process still holds it.
+    def half_closed(self, clients: set[Address], port: int) -> set[Address]:
+        """Of these clients on this machine of the server on `port`, those that shut down
+        only their sending side and still wait for the answer: their socket is in FIN_WAIT1
+        or 2 (its FIN sent, acked or not yet) and a process still holds it.
         A client that closed leaves its socket to the kernel (no owner), or none at all."""
         if not clients:
             return set()
-        try:
-            owned = [c for c in psutil.net_connections("tcp") if c.pid is not None]
-        except psutil.AccessDenied:  # macOS: only root lists every socket
-            owned = [c for _, conns in _own_connections() for c in conns]
+        owned: list[Any] = []
+        if self.diag:
+            try:
+                owned = [c for c in sockdiag.sockets(port, FAMILIES["tcp"], local=False) if c.inode]
+            except sockdiag.Unavailable as exc:
+                log.info("reading sockets through psutil: %s", exc)
+                self.diag = False
+        if not self.diag:
+            try:
+                owned = [c for c in psutil.net_connections("tcp") if c.pid is not None]
+            except psutil.AccessDenied:  # macOS: only root lists every socket
+                owned = [c for _, conns in _own_connections() for c in conns]
         return {
             addr
             for c in owned
@@ -158,7 +197,7 @@ class Inspector:
                 create_time = now - (self.wall() - proc.create_time())
                 rss = int(proc.memory_info().rss)
                 cpu = proc.cpu_percent(interval=None)
-            conns = proc.net_connections(self._kind)
+            conns = self.table.connections(proc, port, self._kind)
         except psutil.NoSuchProcess:
             self._proc = None
             if guessed:
@@ -208,7 +247,7 @@ class Inspector:
             for c in conns
             if c.raddr and c.status == psutil.CONN_CLOSE_WAIT and self._on_this_machine(c.raddr.ip)
         }
-        waiting = self.table.half_closed(here - skip)
+        waiting = self.table.half_closed(here - skip, port)
         for conn in conns:
             if not conn.raddr or conn.laddr.port != port:
                 continue

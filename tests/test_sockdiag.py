@@ -1,0 +1,123 @@
+"""The kernel's socket table for one port (Linux): the same sockets psutil finds, a fraction
+of the cost, and psutil again whenever the kernel cannot be asked."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense import sockdiag
+from mlx_watchdog.sense.process import Inspector, ProcessTable
+from tests.conftest import until
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink is Linux's")
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    yield srv
+    srv.close()
+
+
+def seen_by_psutil(port: int) -> list[tuple[str, int, int | None]]:
+    return sorted(
+        (c.status, c.laddr.port, c.raddr.port if c.raddr else None)
+        for c in psutil.Process().net_connections("tcp4")
+        if c.laddr.port == port
+    )
+
+
+@linux
+def test_the_kernel_lists_the_ports_sockets_as_psutil_does(listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    served = socket.create_connection(("127.0.0.1", port))
+    a, _ = listener.accept()
+    left = socket.create_connection(("127.0.0.1", port))
+    b, _ = listener.accept()
+    left_port = left.getsockname()[1]
+    left.close()  # the client gave up: the server's end waits in CLOSE_WAIT
+    until(lambda: ("CLOSE_WAIT", port, left_port) in seen_by_psutil(port), 5, "CLOSE_WAIT")
+    mine = sockdiag.sockets(port, [socket.AF_INET])
+    owned = sockdiag.owned_inodes(os.getpid())
+    ours = sorted(
+        (s.status, s.laddr.port, s.raddr.port if s.raddr else None)
+        for s in mine
+        if s.inode in owned
+    )
+    assert ours == seen_by_psutil(port)
+    assert {s.status for s in mine} >= {"LISTEN", "ESTABLISHED", "CLOSE_WAIT"}
+    for s in (served, a, b):
+        s.close()
+
+
+@linux
+def test_a_half_closed_client_is_owned_and_an_orphan_is_not(listener: socket.socket) -> None:
+    """The clients' side, by remote port: a client that shut down its sending side still
+    holds its socket (FIN_WAIT2, an inode); one that closed leaves an orphan (inode 0)."""
+    port = listener.getsockname()[1]
+    waiting = socket.create_connection(("127.0.0.1", port))
+    a, _ = listener.accept()
+    waiting.shutdown(socket.SHUT_WR)
+    gone = socket.create_connection(("127.0.0.1", port))
+    b, _ = listener.accept()
+    gone_addr = gone.getsockname()
+    gone.close()
+    until(
+        lambda: any(
+            s.laddr.port == gone_addr[1] and s.status == "FIN_WAIT2"
+            for s in sockdiag.sockets(port, [socket.AF_INET], local=False)
+        ),
+        5,
+        "the orphan in FIN_WAIT2",
+    )
+    clients = {("127.0.0.1", waiting.getsockname()[1]), ("127.0.0.1", gone_addr[1])}
+    assert ProcessTable().half_closed(clients, port) == {("127.0.0.1", waiting.getsockname()[1])}
+    for s in (waiting, a, b):
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x05\x00\x00\x00",  # shorter than a header
+        struct.pack("=IHHII", 9999, 20, 0, 1, 0),  # a length past the end
+        struct.pack("=IHHII", 20, 2, 0, 1, 0) + struct.pack("=i", -13),  # the kernel refused
+    ],
+    ids=["short", "too-long", "refused"],
+)
+def test_a_malformed_or_refused_answer_is_unavailable_never_a_crash(data: bytes) -> None:
+    try:
+        found, done = sockdiag.parse(data, 1)
+    except sockdiag.Unavailable as exc:
+        assert "netlink" in str(exc) or "refused" in str(exc)
+    else:
+        assert found == [] and done is False
+
+
+def test_where_the_kernel_cannot_be_asked_psutil_is_read(
+    listener: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*_: object, **__: object) -> list[sockdiag.Socket]:
+        raise sockdiag.Unavailable("refused here")
+
+    monkeypatch.setattr(sockdiag, "sockets", refused)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    a, _ = listener.accept()
+    table = ProcessTable()
+    server = ServerConfig("s", f"http://127.0.0.1:{port}", match="python")
+    sample = Inspector(server, table=table).sample(pid=os.getpid())
+    assert table.diag is False and sample.live == 1 and sample.abandoned == 0
+    client.close()
+    until(lambda: Inspector(server, table=table).sample(pid=os.getpid()).abandoned == 1, 5, "gone")
+    a.close()

@@ -1,0 +1,165 @@
+"""Linux's socket table for one port, asked of the kernel (NETLINK_SOCK_DIAG, as `ss` does).
+
+psutil reads /proc/net/tcp and tcp6 whole for every look: each socket of the machine, TIME_WAITs
+included, parsed in Python. On a busy machine that was most of a probe's CPU. The kernel can
+filter instead: a dump of the TCP sockets whose local (or remote) port is the server's, with
+their state, addresses and inode, TIME_WAIT left out. A socket's inode is 0 once no process
+holds it (an orphan the kernel finishes closing), so "owned by a process" needs no scan.
+
+Anything unexpected (not Linux, a kernel or sandbox that refuses) raises `Unavailable`, and the
+caller reads psutil's table as before.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+INET_DIAG_REQ_BYTECODE = 1
+BC_S_GE, BC_S_LE, BC_D_GE, BC_D_LE = 2, 3, 4, 5
+MAX_BYTES = 8 << 20  # the answer's cap: a port with more sockets than this is not a server's
+
+# The kernel's TCP states (include/net/tcp_states.h), as psutil names them.
+STATES = {
+    1: "ESTABLISHED",
+    2: "SYN_SENT",
+    3: "SYN_RECV",
+    4: "FIN_WAIT1",
+    5: "FIN_WAIT2",
+    6: "TIME_WAIT",
+    7: "CLOSE",
+    8: "CLOSE_WAIT",
+    9: "LAST_ACK",
+    10: "LISTEN",
+    11: "CLOSING",
+}
+WANTED = sum(1 << s for s in STATES if STATES[s] != "TIME_WAIT")  # no owner, never a client
+
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_REQUEST = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states; then the 48-byte id
+_MESSAGE = struct.Struct("=BBBB")  # family, state, timer, retrans; then the id
+_ID = struct.Struct(">HH16s16s")  # sport, dport, src, dst (network order); if, cookie follow
+_TAIL = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
+
+
+class Unavailable(Exception):
+    """The kernel's socket diagnostics cannot be used here: read psutil's table instead."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """An (ip, port) pair as psutil's connections carry it."""
+
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Socket:
+    """One TCP socket, in the shape the inspector reads from psutil's connections."""
+
+    family: int
+    status: str
+    laddr: Address
+    raddr: Address | None
+    inode: int
+
+
+def _port_filter(port: int, *, local: bool) -> bytes:
+    """Bytecode for "the local (or remote) port is `port`": >= and <= it. A false test jumps
+    past the end, which rejects; the last true one lands on the end, which accepts."""
+    ge, le = (BC_S_GE, BC_S_LE) if local else (BC_D_GE, BC_D_LE)
+    return struct.pack("=BBHBBH", ge, 8, 20, 0, 0, port) + struct.pack(
+        "=BBHBBH", le, 8, 12, 0, 0, port
+    )
+
+
+def _request(family: int, port: int, local: bool, seq: int) -> bytes:
+    code = _port_filter(port, local=local)
+    attribute = struct.pack("=HH", 4 + len(code), INET_DIAG_REQ_BYTECODE) + code
+    body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, WANTED) + bytes(48) + attribute
+    return (
+        _HEADER.pack(
+            _HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
+        )
+        + body
+    )
+
+
+def _ip(family: int, raw: bytes) -> str:
+    return socket.inet_ntop(family, raw[:4] if family == socket.AF_INET else raw)
+
+
+def parse(data: bytes, seq: int) -> tuple[list[Socket], bool]:
+    """The sockets in one read of the answer, and whether the dump is done."""
+    found: list[Socket] = []
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, kind, _, got_seq, _ = _HEADER.unpack_from(data, offset)
+        if length < _HEADER.size or offset + length > len(data):
+            raise Unavailable(f"a malformed netlink message ({length} bytes)")
+        start = offset + _HEADER.size
+        offset += (length + 3) & ~3
+        if got_seq != seq:
+            continue
+        if kind == NLMSG_DONE:
+            return found, True
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", data, start)
+            raise Unavailable(f"the kernel refused: {os.strerror(-code) if code else 'error'}")
+        if kind != SOCK_DIAG_BY_FAMILY or length < _HEADER.size + 72:
+            continue
+        family, state, _, _ = _MESSAGE.unpack_from(data, start)
+        sport, dport, src, dst = _ID.unpack_from(data, start + 4)
+        inode = _TAIL.unpack_from(data, start + 52)[4]
+        if family not in (socket.AF_INET, socket.AF_INET6) or state not in STATES:
+            continue
+        remote = Address(_ip(family, dst), dport) if dport else None
+        found.append(Socket(family, STATES[state], Address(_ip(family, src), sport), remote, inode))
+    return found, False
+
+
+def sockets(port: int, families: Iterable[int], *, local: bool = True) -> list[Socket]:
+    """TCP sockets (TIME_WAIT left out) whose local port is `port` (`local`), or whose remote
+    port is (the clients' side of their connections)."""
+    if not sys.platform.startswith("linux"):
+        raise Unavailable("not Linux")
+    found: list[Socket] = []
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(2.0)
+            for seq, family in enumerate(families, start=1):
+                nl.sendall(_request(family, port, local, seq))
+                total, done = 0, False
+                while not done:
+                    data = nl.recv(1 << 16)
+                    total += len(data)
+                    if not data or total > MAX_BYTES:
+                        raise Unavailable(f"the answer for port {port} ended or grew too big")
+                    more, done = parse(data, seq)
+                    found += more
+    except (OSError, struct.error) as exc:
+        raise Unavailable(f"socket diagnostics: {exc}") from exc
+    return found
+
+
+def owned_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process `pid` holds (its /proc/PID/fd links)."""
+    folder = f"/proc/{pid}/fd"
+    inodes: set[int] = set()
+    for fd in os.listdir(folder):
+        try:
+            target = os.readlink(f"{folder}/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
