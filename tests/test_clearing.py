@@ -11,7 +11,7 @@ from mlx_watchdog.judge.clearing import (
     choose,
     restart_cost,
 )
-from mlx_watchdog.judge.verdict import Evidence
+from mlx_watchdog.judge.evidence import Evidence
 
 COST = RestartCost(25.0, 3)
 

@@ -12,7 +12,7 @@ import pytest
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.demo.run import long_prompt, send
-from mlx_watchdog.judge.verdict import Evidence
+from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.sense.findings import Prefill
 from tests.builders import REAL, watched
 from tests.conftest import Running, StartServer, free_port, mlx_watchdog

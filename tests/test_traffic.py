@@ -12,9 +12,10 @@ import pytest
 
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.traffic import SKIP_MAX, proves, skipped_verdict
-from mlx_watchdog.judge.verdict import Evidence, Verdict
+from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.sense.findings import LoadReport
 from tests.builders import badserver_argv, watchdog_config
 from tests.conftest import DaemonThread, free_port, until

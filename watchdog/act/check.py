@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.verdict import Observation, Verdict, judge, leaked_requests
+from mlx_watchdog.judge.evidence import Observation
+from mlx_watchdog.judge.verdict import Verdict, judge, leaked_requests
 from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot, ProcessSample
 from mlx_watchdog.sense.load import LoadReader

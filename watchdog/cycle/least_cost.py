@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from mlx_watchdog.judge import clearing, traffic
 from mlx_watchdog.judge.clearing import Clearing, RestartCost
-from mlx_watchdog.judge.verdict import Evidence, Verdict
+from mlx_watchdog.judge.evidence import Evidence
+from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.sense.findings import LoadReport
 
 Ended = tuple[Clearing, str, str]  # a cure that ended: the wait, its outcome, the detail

@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlx_watchdog.judge.verdict import Evidence
+from mlx_watchdog.judge.evidence import Evidence
 
 DEFAULT_RESTART_S = 30.0  # a restart's cost until one was measured here (a mid-size model)
 COSTS_KEPT = 5  # the restarts whose median is the cost

@@ -1,13 +1,13 @@
-"""Evidence -> state and a reason a person understands. Pure: no I/O, `now` comes in."""
+"""An observation -> a state and a reason a person understands (its evidence: judge/evidence.py).
+Pure: no I/O, `now` comes in."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
 
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.cause import Cause, Diagnosis, Facts, diagnose
+from mlx_watchdog.judge.evidence import Evidence, Observation, evidence
 from mlx_watchdog.judge.states import BAD_STATES, EXIT_CODES, State
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
@@ -15,31 +15,11 @@ from mlx_watchdog.sense.findings import (
     OK,
     LoadReport,
     ModelsCheck,
-    Prefill,
     ProbeFinding,
     ProbeSnapshot,
     ProcessSample,
 )
 from mlx_watchdog.sense.signs import Signs
-
-
-@dataclass(frozen=True)
-class Observation:
-    """Everything one look at a server gathered: the probe, the process, its answers, its log."""
-
-    probe: ProbeSnapshot
-    process: ProcessSample
-    models: ModelsCheck | None = None
-    load: LoadReport | None = None  # what the server says about itself (its profile's routes)
-    leak_since: float | None = None  # since when every look showed requests with no client
-    loading_since: float | None = None  # since when every probe got "loading" (no process seen)
-    fans_out: bool = False  # the server counts each of a request's n choices as a request
-    prefill: Prefill | None = None  # the prefill the server's log tells of
-    progress_problem: str | None = None  # why the server's log could not be read
-    signs: Signs | None = None  # stacks, log errors, CPU over the wait, memory: for a cause
-    kind: str = ""  # the server's kind: which stacks and answers mean what
-    served: bool = False  # this process served a probe: it is no longer starting
-    live_seen: float | None = None  # when live clients were last seen during this probe's wait
 
 
 @dataclass(frozen=True)
@@ -252,138 +232,6 @@ def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) 
     )
 
 
-BRIEF = (
-    "waited_s",
-    "bytes",
-    "tokens",
-    "abandoned_connections",
-    "live_connections",
-    "cpu_percent",
-    "models_status",
-    "pid",
-    "cause",
-)
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What a verdict was judged from: shown by `status`, alerts and history. Times in seconds."""
-
-    waited_s: float | None = None  # how long the probe has waited (None: no probe yet)
-    ttft_s: float | None = None
-    bytes: int = 0
-    tokens: int = 0
-    keepalives: int = 0
-    http_status: int | None = None
-    probe_finding: str = "waiting"
-    probe_detail: str = ""
-    phases: Mapping[str, float | None] = field(default_factory=dict)
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    models_status: int | None = None
-    models_ok: bool | None = None
-    models_finding: str | None = None
-    pid: int | None = None
-    cmdline_matches: bool | None = None
-    process_age_s: float | None = None
-    cpu_percent: float | None = None
-    rss_bytes: int | None = None
-    abandoned_connections: int | None = None
-    live_connections: int | None = None
-    oldest_live_s: float | None = None  # since the watchdog first saw the oldest live client
-    oldest_abandoned_s: float | None = None
-    gave_up_after_s: tuple[float, ...] = ()  # how long each departed client had waited
-    process_error: str | None = None
-    server_report: str | None = None  # what the server says of itself (its load route)
-    server_running: int | None = None
-    server_waiting: int | None = None
-    server_progress_still_s: float | None = None  # its progress counter has not moved for
-    health_status: int | None = None
-    # The prefill the server's own log tells of (mlx_lm.server), and why it could not be read.
-    server_prefill: str | None = None
-    prefill_done: int | None = None
-    prefill_total: int | None = None
-    prefill_rate_tps: float | None = None
-    prefill_left_s: float | None = None
-    prefill_age_s: float | None = None
-    prefill_step_s: float | None = None
-    progress_problem: str | None = None
-    cause: str | None = None  # why a failing server fails (judge/cause.py); None: not failing
-    cause_because: str | None = None  # the evidence that named it
-
-    def brief(self) -> dict[str, object]:
-        """What an alert about this evidence carries."""
-        return {k: getattr(self, k) for k in BRIEF}
-
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["gave_up_after_s"] = list(self.gave_up_after_s)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Evidence:
-        """From a stored document; keys it does not know (or lacks) are left out."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in doc.items() if k in known}
-        if "gave_up_after_s" in values:
-            values["gave_up_after_s"] = tuple(values["gave_up_after_s"] or ())
-        return cls(**values)
-
-
-def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Evidence:
-    probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
-    return Evidence(
-        ttft_s=_r(probe.ttft),
-        waited_s=_r(probe.waited(now)),
-        bytes=probe.bytes,
-        tokens=probe.tokens,
-        keepalives=probe.keepalives,
-        http_status=probe.status,
-        probe_finding=probe.finding or "waiting",
-        probe_detail=probe.detail,
-        phases=probe.phases(),
-        prompt_tokens=probe.prompt_tokens,
-        cached_tokens=probe.cached_tokens,
-        models_status=models.status if models else None,
-        models_ok=models.ok if models else None,
-        models_finding=models.finding if models else None,
-        pid=proc.pid,
-        cmdline_matches=proc.matches,
-        process_age_s=_r(proc.age(now)),
-        cpu_percent=_r(proc.cpu_percent),
-        rss_bytes=proc.rss_bytes,
-        abandoned_connections=proc.abandoned,
-        live_connections=proc.live,
-        oldest_live_s=_r(proc.oldest_live(now)),
-        oldest_abandoned_s=_r(proc.oldest_abandoned(now)),
-        gave_up_after_s=tuple(proc.gave_up_after()),
-        process_error=proc.error or None,
-        server_report=load.describe() if load else None,
-        server_running=load.running if load else None,
-        server_waiting=load.waiting if load else None,
-        server_progress_still_s=_r(load.stalled()) if load else None,
-        health_status=load.health_status if load else None,
-        **_prefill(obs.prefill, obs.progress_problem),
-        cause=str(found.cause) if found else None,
-        cause_because=found.because or None if found else None,
-    )
-
-
-def _prefill(said: Prefill | None, problem: str | None) -> dict[str, Any]:
-    if said is None:
-        return {"progress_problem": problem}
-    return {
-        "server_prefill": said.describe(),
-        "prefill_done": said.done,
-        "prefill_total": said.total,
-        "prefill_rate_tps": said.rate_tps,
-        "prefill_left_s": _r(said.left_s),
-        "prefill_age_s": said.age_s,
-        "prefill_step_s": said.step_s,
-        "progress_problem": problem,
-    }
-
-
 def leaked_requests(load: LoadReport | None, proc: ProcessSample, *, fans_out: bool = False) -> int:
     """Requests the server reports beyond its connected clients and the probe: work for
     nobody, a slot leaked behind a closed socket. 0 when either side is unknown, and, for a
@@ -446,7 +294,3 @@ def _s(seconds: float) -> str:
     if seconds < 100:
         return f"{seconds:.1f} s"
     return f"{seconds:.0f} s"
-
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
