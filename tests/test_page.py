@@ -17,11 +17,27 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.judge.evidence import Evidence
+from mlx_watchdog.judge.states import STATES, State
+from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.serve.day import MAX_POINTS, MAX_RUNS, Days, read_day, runs_of, thin
+from mlx_watchdog.record.tally import DAY
+from mlx_watchdog.serve.day import (
+    MAX_POINTS,
+    MAX_RUNS,
+    Days,
+    Summary,
+    clipped,
+    coarsen,
+    read_day,
+    runs_of,
+    thin,
+)
 from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import CSP, render
 from tests.builders import toml, watchdog_config
@@ -92,16 +108,52 @@ def test_a_history_value_of_the_wrong_type_is_said_on_the_page() -> None:
     assert "history unreadable" in render(doc, days, NOW, 10)
 
 
-def test_the_history_is_read_once_per_fresh_span() -> None:
+def test_probes_come_as_recorded_and_the_history_is_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The page's day is kept as the daemon records probes (Days is one of its sinks): the
+    history's probes are read once per server, and a page view within fresh_s reads nothing."""
     store = Store(None)
     mono = [0.0]
     days = Days(store, lambda: STEP, lambda: NOW, lambda: mono[0], fresh_s=10.0)
-    assert days.of(["x"])["x"].probes_with_token == 0
     store.record_probe("x", NOW - 60, "healthy", "ok", {"ttft_s": 0.1})
+    assert days.of(["x"])["x"].probes_with_token == 1  # from the history
+    reads: list[object] = []
+    monkeypatch.setattr(store, "states", lambda *a: reads.append(a) or [])
+    days.observe("x", Verdict(State.HEALTHY, "ok", Evidence(ttft_s=0.2)))
     mono[0] = 9.0
-    assert days.of(["x"])["x"].probes_with_token == 0  # kept: a page view reads nothing
+    assert days.of(["x"])["x"].probes_with_token == 1  # kept: a page view reads nothing
     mono[0] = 10.5
-    assert days.of(["x"])["x"].probes_with_token == 1
+    day = days.of(["x"])["x"]
+    assert day.probes_with_token == 2 and day.ttfts[-1] == (NOW, 0.2)
+    assert day.last_probes[-1] == (NOW, "healthy") and reads == []  # never read again
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([1.0, 30.0, 100.0, 400.0, 5000.0]), st.sampled_from(STATES)),
+        max_size=300,
+    )
+)
+def test_the_kept_summary_draws_what_a_read_of_the_history_draws(
+    steps: list[tuple[float, str]],
+) -> None:
+    """Probes added one by one (gaps, a watchdog away, states flapping) draw the same runs and
+    points as runs_of and thin over the same probes read at once."""
+    kept, probes, at = Summary(), [], NOW - DAY
+    for gap, state in steps:
+        at += gap
+        ttft = None if state == "wedged" else gap / 1000
+        kept.add(at, state, ttft, 100.0)
+        probes.append((at, state, ttft))
+    now = at + 50.0
+    runs, ttfts, tokens = kept.drawn(now, 100.0)
+    since = now - DAY
+    every = clipped(runs_of([(a, s) for a, s, _ in probes], now, 100.0), since, now)
+    assert runs == coarsen(every, since, now)
+    points = [(a, t) for a, _, t in probes if t is not None and a >= since]
+    assert ttfts == thin(points, since, now) and tokens == len(points)
 
 
 def test_the_page_is_served_with_its_policy_and_read_only() -> None:
@@ -268,8 +320,13 @@ def test_a_server_that_flaps_every_probe_stays_a_small_page_and_its_wedge_shows(
         store.add_action(incident, {"action": "wait", "outcome": f"step {k}"})
     store.set_advice(incident, "a" * 100_000)
     day = read_day(store, "x", NOW, 5.0)
-    assert 2 <= len(day.runs) <= MAX_RUNS and len(day.ttfts) == MAX_POINTS
+    assert 2 <= len(day.runs) <= MAX_RUNS + 1 and MAX_POINTS <= len(day.ttfts) <= MAX_POINTS + 1
     assert [r.state for r in day.runs].count("wedged") == 1
+    # Kept as it came (coarsened and thinned on the way), it draws what one read draws.
+    probes = store.states("x", since)
+    every = clipped(runs_of([(a, st) for a, st, _ in probes], NOW, 5.0), since, NOW)
+    assert list(day.runs) == coarsen(every, since, NOW)
+    assert list(day.ttfts) == thin([(a, t) for a, _, t in probes if t is not None], since, NOW)
     html = render(status_doc(NOW, ("healthy",)), {"srv-healthy": day}, NOW, 10)
     assert len(html) < 300_000
     assert "and 196 more" in html and "a" * 401 not in html

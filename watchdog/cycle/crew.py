@@ -32,6 +32,29 @@ class Sink(Protocol):
     def skipped(self, server: str) -> None: ...
 
 
+class Sinks:
+    """Several sinks told the same (the metrics, and the page's day as probes come)."""
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def observe(self, server: str, verdict: Verdict) -> None:
+        for sink in self.sinks:
+            sink.observe(server, verdict)
+
+    def event(self, server: str, kind: str, data: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.event(server, kind, data)
+
+    def gave_up(self, server: str, n: int) -> None:
+        for sink in self.sinks:
+            sink.gave_up(server, n)
+
+    def skipped(self, server: str) -> None:
+        for sink in self.sinks:
+            sink.skipped(server)
+
+
 class NoSink:
     """A Sink that counts nothing (tests, commands run by hand)."""
 

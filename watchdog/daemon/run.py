@@ -24,6 +24,7 @@ from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.act.managers import Manager, System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.cycle import Crew, Cycle
+from mlx_watchdog.cycle.crew import Sinks
 from mlx_watchdog.daemon.calendar import Calendar, Maintain
 from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
 from mlx_watchdog.daemon.logs import own_log, rotate_all
@@ -109,7 +110,8 @@ class Daemon:
             mono=mono,
             stopping=self._stop.is_set,
         )
-        self.crew = Crew(self.store, self.alerter, ladder, self.metrics, wall, mono)
+        sinks = Sinks(self.metrics, self.days)  # the page's day is kept as probes are recorded
+        self.crew = Crew(self.store, self.alerter, ladder, sinks, wall, mono)
         self.crew.residents, self.crew.machine = self._residents, machine
         self.started_at = wall()
         self.own_log = own_log()

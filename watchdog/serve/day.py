@@ -8,12 +8,14 @@ from the daemon's memory at each request; only the charts may be that many secon
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind, State
+from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.store import Incident, Store
 from mlx_watchdog.record.tally import DAY, event_count
 
@@ -97,14 +99,16 @@ def runs_of(probes: Sequence[tuple[float, str]], until: float, step: float) -> l
 def thin(
     points: Sequence[tuple[float, float]], since: float, until: float
 ) -> list[tuple[float, float]]:
-    """At most MAX_POINTS: beyond that, the slowest TTFT of each of MAX_POINTS equal spans (a
-    spike must stay visible; an average would hide it)."""
+    """About MAX_POINTS: beyond that, the slowest TTFT of each span of a MAX_POINTSth of the
+    window (a spike must stay visible; an average would hide it). The spans are multiples of
+    their width from time 0, so thinning what was thinned before keeps it (the page's day is
+    kept as probes come, thinned as it goes): a window not on a span's edge has one more."""
     if len(points) <= MAX_POINTS:
         return list(points)
     width = (until - since) / MAX_POINTS
     slowest: dict[int, tuple[float, float]] = {}
     for at, s in points:
-        k = min(MAX_POINTS - 1, max(0, int((at - since) / width)))
+        k = int(at // width)
         if k not in slowest or s > slowest[k][1]:
             slowest[k] = (at, s)
     return [slowest[k] for k in sorted(slowest)]
@@ -118,34 +122,117 @@ def per_hour(times: Sequence[tuple[float, int]], since: float) -> tuple[int, ...
     return tuple(counts)
 
 
-def coarsen(runs: Sequence[Run], since: float, until: float) -> list[Run]:
-    """At most MAX_RUNS: beyond that, each of MAX_RUNS equal spans shows the worst state seen
-    in it (a server flapping every probe would otherwise be thousands of shapes, and a wedge
-    among them must not vanish)."""
-    if len(runs) <= MAX_RUNS:
+def clipped(runs: Sequence[Run], since: float, until: float) -> list[Run]:
+    """The runs within [since, until], cut at its edges."""
+    return [
+        Run(r.state, max(r.start, since), min(r.end, until))
+        for r in runs
+        if r.end > since and r.start < until
+    ]
+
+
+def coarsen(runs: Sequence[Run], since: float, until: float, *, always: bool = False) -> list[Run]:
+    """About MAX_RUNS: beyond that, each span of a MAX_RUNSth of the window shows the worst
+    state seen in it (a server flapping every probe would otherwise be thousands of shapes,
+    and a wedge among them must not vanish). Spans are multiples of their width from time 0,
+    as thin's: coarsening what was coarsened before keeps it."""
+    if len(runs) <= MAX_RUNS and not always:
         return list(runs)
     width = (until - since) / MAX_RUNS
+    lowest, highest = int(since // width), int((until - 1e-6) // width)
     worst: dict[int, int] = {}
     for r in runs:
-        first = max(0, int((r.start - since) / width))
-        last = min(MAX_RUNS - 1, int((max(r.start, r.end - 1e-6) - since) / width))
+        first = max(lowest, int(r.start // width))
+        last = min(highest, int(max(r.start, r.end - 1e-6) // width))
         rank = SEVERITY.index(r.state) if r.state in SEVERITY else SEVERITY.index(UNKNOWN)
         for k in range(first, last + 1):
             worst[k] = max(worst.get(k, -1), rank)
     out: list[Run] = []
     for k in sorted(worst):
-        state, start = SEVERITY[worst[k]], since + k * width
+        state = SEVERITY[worst[k]]
+        start, end = max(since, k * width), min(until, (k + 1) * width)
         if out and out[-1].state == state and out[-1].end >= start - 1e-6:
-            out[-1] = Run(state, out[-1].start, start + width)
+            out[-1] = Run(state, out[-1].start, end)
         else:
-            out.append(Run(state, start, start + width))
+            out.append(Run(state, start, end))
     return out
 
 
-def read_day(store: Store, server: str, now: float, step: float) -> Day:
+class Summary:
+    """One server's last day of probes as the page draws them, kept up to date as each probe
+    is recorded: its runs of one state, its TTFTs, its last probes. Bounded: past a few times
+    what is drawn, the runs are coarsened and the TTFTs thinned as the page would."""
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []  # closed, oldest first
+        self.open: tuple[str, float, float] | None = None  # state, start, last probe's time
+        self.ttfts: collections.deque[tuple[float, float]] = collections.deque()
+        self.tokens: collections.deque[float] = collections.deque()  # times of probes with one
+        self.last: collections.deque[tuple[float, str]] = collections.deque(maxlen=STRIP)
+        self.coarse = False  # runs were coarsened on the way: the drawing coarsens all alike
+
+    def add(self, at: float, state: str, ttft: float | None, step: float) -> None:
+        """One probe, as runs_of would place it: a run lasts to the next probe, or `step`
+        past its last one when the next is more than three steps away."""
+        shown = state if state in SHOWN_STATES else UNKNOWN
+        if self.open is not None:
+            was, start, last = self.open
+            end = at if at - last <= GAP_PROBES * step else last + step
+            if was == shown and end >= at:
+                self.open = (was, start, at)
+            else:
+                self.runs.append(Run(was, start, max(start, end)))
+                self.open = (shown, at, at)
+        else:
+            self.open = (shown, at, at)
+        if ttft is not None:
+            self.ttfts.append((at, ttft))
+            self.tokens.append(at)
+        self.last.append((at, state))
+        self._bound(at)
+
+    def _bound(self, now: float) -> None:
+        since = now - DAY
+        while self.ttfts and self.ttfts[0][0] < since:
+            self.ttfts.popleft()
+        while self.tokens and self.tokens[0] < since:
+            self.tokens.popleft()
+        if len(self.runs) > 4 * MAX_RUNS:
+            self.runs = coarsen(clipped(self.runs, since, now), since, now)
+            self.coarse = True
+        if len(self.ttfts) > 4 * MAX_POINTS:
+            self.ttfts = collections.deque(thin(list(self.ttfts), since, now))
+
+    def drawn(self, now: float, step: float) -> tuple[list[Run], list[tuple[float, float]], int]:
+        """The day's runs (at most MAX_RUNS), TTFT points (at most MAX_POINTS) and how many
+        probes got a token."""
+        since = now - DAY
+        runs = list(self.runs)
+        if self.open is not None:
+            state, start, last = self.open
+            runs.append(Run(state, start, max(start, last + step)))
+        drawn = coarsen(clipped(runs, since, now), since, now, always=self.coarse)
+        ttfts = [p for p in self.ttfts if p[0] >= since]
+        tokens = sum(1 for t in self.tokens if t >= since)
+        return drawn, thin(ttfts, since, now), tokens
+
+
+def summary_from(store: Store, server: str, now: float, step: float) -> Summary:
+    """A server's summary from its history: read once, then kept as probes come."""
+    kept = Summary()
+    for at, state, ttft in store.states(server, now - DAY):
+        kept.add(at, state, ttft, step)
+    return kept
+
+
+def read_day(
+    store: Store, server: str, now: float, step: float, summary: Summary | None = None
+) -> Day:
+    """A server's day: its probes from `summary` (read from the history when none is kept),
+    the rest (incidents, restarts, clients that gave up, advice) from the history."""
     since = now - DAY
-    probes = store.states(server, since)
-    with_token = [(at, t) for at, _, t in probes if t is not None]
+    summary = summary or summary_from(store, server, now, step)
+    runs, ttfts, tokens = summary.drawn(now, step)
     gave_up = [
         (e.at, event_count(e.data.get("count")))
         for e in store.events(server, since=since, kind=EventKind.GAVE_UP)
@@ -155,14 +242,14 @@ def read_day(store: Store, server: str, now: float, step: float) -> Day:
         since=since,
         until=now,
         step=step,
-        runs=tuple(coarsen(runs_of([(at, s) for at, s, _ in probes], now, step), since, now)),
-        ttfts=tuple(thin(with_token, since, now)),
-        probes_with_token=len(with_token),
+        runs=tuple(runs),
+        ttfts=tuple(ttfts),
+        probes_with_token=tokens,
         restarts=per_hour([(r.at, 1) for r in store.restarts(server, since)], since),
         gave_up=per_hour(gave_up, since),
         incidents=tuple(reversed(incidents)),
         advice=_advice(store.last_calibration(server)),
-        last_probes=tuple((at, s) for at, s, _ in probes[-STRIP:]),
+        last_probes=tuple(p for p in summary.last if p[0] >= since),
         month=store.serving(server, now - MONTH),
     )
 
@@ -182,7 +269,10 @@ def _advice(doc: dict[str, Any] | None) -> dict[str, Any] | None:
 
 @dataclass
 class Days:
-    """Each server's Day, read again once it is `fresh_s` old; one reader at a time."""
+    """Each server's Day for the page. Its probes come from a `Summary` kept as the daemon
+    records them (this is one of the daemon's sinks: `observe`), read from the history once;
+    the rest of the day (incidents, restarts, advice: a few rows) is read again once it is
+    `fresh_s` old. One reader at a time."""
 
     store: Store
     step: Callable[[], float]  # the probe interval
@@ -190,7 +280,24 @@ class Days:
     mono: Callable[[], float]
     fresh_s: float = 10.0
     _kept: dict[str, tuple[float, Day]] = field(default_factory=dict)
+    _summaries: dict[str, Summary] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, server: str, verdict: Verdict) -> None:
+        """A probe just recorded: into the server's summary, once there is one."""
+        with self._lock:
+            kept = self._summaries.get(server)
+            if kept is not None:
+                kept.add(self.wall(), verdict.state, verdict.evidence.ttft_s, self.step())
+
+    def event(self, server: str, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+    def gave_up(self, server: str, n: int) -> None:
+        pass
+
+    def skipped(self, server: str) -> None:
+        pass
 
     def of(self, servers: Sequence[str]) -> dict[str, Day]:
         """Each server's day. A server not read yet is read now; of those older than fresh_s,
@@ -213,7 +320,10 @@ class Days:
 
     def _read(self, server: str, now: float, mono: float) -> Day:
         try:
-            day = read_day(self.store, server, now, self.step())
+            step = self.step()
+            if server not in self._summaries:
+                self._summaries[server] = summary_from(self.store, server, now, step)
+            day = read_day(self.store, server, now, step, self._summaries[server])
         except (ValueError, TypeError) as exc:  # a value in the history of the wrong type
             day = Day(since=now - DAY, until=now, problem=f"history unreadable: {exc}")
         self._kept[server] = (mono, day)
