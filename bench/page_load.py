@@ -14,6 +14,7 @@ watchdog's CPU per probe. `--quick` (CI's smoke run): 10 s.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sqlite3
 import statistics
@@ -167,6 +168,7 @@ def run(servers: int, clients: int, seconds: float) -> dict[str, Any]:
         "seconds": seconds,
         "pages": len(answers),
         "pages_failed": len(failed),
+        "pages_failed_by": dict(collections.Counter(failed)),
         "page_kb": round(statistics.median(sizes) / 1000) if sizes else None,
         "page_s_p50": round(statistics.median(answers), 3) if answers else None,
         "page_s_p99": round(pct(answers, 0.99), 3) if answers else None,

@@ -612,3 +612,32 @@ def test_restarts_asked_for_at_the_same_moment_are_one_restart(
         assert not t.daemon.cycles["bad"].requests
     finally:
         ok.kill()
+
+
+def test_a_keep_alive_client_is_told_to_reconnect_never_cut_mid_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection's whole life is bounded (a byte-a-second sender must not keep it), but a
+    page reloaded over one keep-alive connection is told `Connection: close` between two
+    answers once the connection is older than KEEP_ALIVE, and reconnects: no request fails."""
+    from mlx_watchdog.record.store import Store
+    from mlx_watchdog.serve import endpoint
+    from tests.pageday import NOW, PageBackend, a_day, status_doc
+
+    monkeypatch.setattr(endpoint, "CONNECTION_LIFETIME", 1.5)
+    monkeypatch.setattr(endpoint, "KEEP_ALIVE", 0.5)
+    store = Store(None)
+    a_day(store, "srv-healthy", NOW)
+    server, _ = endpoint.start(PageBackend(store, status_doc(NOW)), "127.0.0.1", 0, "t" * 20)
+    url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    closes, answered, ends = 0, 0, time.monotonic() + 3.0
+    try:
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < ends:
+                r = client.get(url)  # a RemoteProtocolError here: cut mid-request
+                answered += 1
+                closes += r.headers.get("connection") == "close"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answered > 10 and closes >= 2  # past two connections' lifetimes, none cut

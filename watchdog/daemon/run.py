@@ -269,6 +269,7 @@ class Daemon:
             signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
         for c in self.cycles.values():
             c.start_server()
+        self.days.seed(list(self.cycles))
         self._serve_endpoint()
         self._running = True
         self._schedule()

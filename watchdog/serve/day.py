@@ -283,6 +283,18 @@ class Days:
     _summaries: dict[str, Summary] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def seed(self, servers: Sequence[str]) -> None:
+        """Read each server's probes of the last day from the history now (the daemon does,
+        before its first tick), so no page request ever reads them while probes are due."""
+        with self._lock:
+            now, step = self.wall(), self.step()
+            for name in servers:
+                if name not in self._summaries:
+                    try:
+                        self._summaries[name] = summary_from(self.store, name, now, step)
+                    except (ValueError, TypeError):
+                        continue  # read again, and said, when the page asks
+
     def observe(self, server: str, verdict: Verdict) -> None:
         """A probe just recorded: into the server's summary, once there is one."""
         with self._lock:

@@ -38,6 +38,7 @@ MAX_BODY = 1024  # an action carries no body to speak of
 MAX_CONNECTIONS = 32
 IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing
 CONNECTION_LIFETIME = 30.0  # seconds a connection may last in all (a byte-a-second sender)
+KEEP_ALIVE = 20.0  # after this, an answer says "Connection: close": a keep-alive client reconnects
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
     b"Connection: close\r\nRetry-After: 1\r\n\r\ntoo many connections\n"
@@ -86,6 +87,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a load balancer polling every second must not fill the log
+
+    def setup(self) -> None:
+        self.began = time.monotonic()
+        super().setup()
 
     def handle_one_request(self) -> None:
         self.server.mark(self.connection, idle=True)  # type: ignore[attr-defined]
@@ -214,6 +219,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         for key, value in (headers or {}).items():
             self.send_header(key, value)
+        if time.monotonic() - self.began >= KEEP_ALIVE:
+            # Closed between two answers, never cut mid-request at CONNECTION_LIFETIME.
+            self.close_connection = True
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
