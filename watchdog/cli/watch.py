@@ -187,6 +187,9 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
     except (AlreadyRunning, UnsafeState) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
+    # A thread woken for a probe due gets the interpreter within 1 ms, not the default 5:
+    # the page served to many clients must not push the probing late (bench/page_load.py).
+    sys.setswitchinterval(0.001)
     sys.exit(daemon.run())
 
 
