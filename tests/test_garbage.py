@@ -312,3 +312,79 @@ def test_the_process_record_is_never_written_through_a_planted_link(tmp_path: Pa
         assert again.pid() == m.pid()
     finally:
         m.stop()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        '{"pid": -1, "create_time": 1.0}',
+        '{"pid": 0, "create_time": 0}',
+        '{"pid": "1", "create_time": "soon"}',
+        '{"pid": 1e400, "create_time": 1}',
+        "[" * 100_000,
+        '{"pid": 1}',
+        "",
+    ],
+    ids=["text", "list", "negative", "zero", "strings", "huge", "nested", "partial", "empty"],
+)
+def test_a_garbage_process_record_adopts_nothing_and_raises_nothing(
+    tmp_path: Path, text: str
+) -> None:
+    """A record a crash cut short, or someone wrote: never a process adopted (and so never one
+    signalled as the server), never an exception; the manager starts its own."""
+    from mlx_watchdog.act.managers import System
+    from mlx_watchdog.act.managers.process import ProcessManager
+    from mlx_watchdog.config import ServerConfig
+
+    record = tmp_path / "process-s.json"
+    record.write_text(text)
+    server = ServerConfig(
+        name="s", url="http://127.0.0.1:9", manager="process", command=("true",), match="true"
+    )
+    assert ProcessManager(server, System(), record)._adoptable() is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"pid": -1, "url": "http://x"}',
+        '{"pid": 0, "url": "http://x"}',
+        '{"pid": 1e400}',
+        "[" * 5000,
+    ],
+    ids=["minus-one", "zero", "huge", "nested"],
+)
+def test_a_garbage_daemon_record_is_a_daemon_not_running(tmp_path: Path, text: str) -> None:
+    """-1 and 0 would have asked the kernel about whole process groups (always 'alive')."""
+    from mlx_watchdog.serve.client import DaemonNotRunning, daemon_url
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "daemon.json").write_text(text)
+    (state / "daemon.json").chmod(0o600)
+    with pytest.raises(DaemonNotRunning, match="unreadable"):
+        daemon_url(state)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[1, 2]", '{"text_config": [1]}', "[" * 5000, '{"max_position_embeddings": "big"}'],
+    ids=["list", "text-config-list", "nested", "text"],
+)
+def test_a_models_garbage_config_gives_no_context_length(tmp_path: Path, text: str) -> None:
+    from mlx_watchdog.advice.calibrate import context_length
+
+    (tmp_path / "config.json").write_text(text)
+    assert context_length(["mlx_lm.server", "--model", str(tmp_path)]) is None
+
+
+def test_a_left_probe_with_a_port_past_any_number_is_read_as_none(tmp_path: Path) -> None:
+    from mlx_watchdog.record.left_probes import LeftProbes
+
+    path = tmp_path / "left-probes.json"
+    path.write_text('[["127.0.0.1", 1e400, 9e9]]')
+    path.chmod(0o600)
+    tmp_path.chmod(0o700)
+    assert LeftProbes(path).load() == []

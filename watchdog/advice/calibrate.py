@@ -256,9 +256,13 @@ def context_length(cmdline: Sequence[str]) -> int | None:
     config = Path(args[args.index("--model") + 1]).expanduser() / "config.json"
     try:
         doc = json.loads(config.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
         return None
     for d in (doc, doc.get("text_config") or {}):
+        if not isinstance(d, dict):
+            continue
         for key in ("max_position_embeddings", "max_sequence_length", "n_ctx"):
             if isinstance(d.get(key), int):
                 return int(d[key])

@@ -85,7 +85,7 @@ class LeftProbes:
             check_private(path.parent)
             now = self.wall()
             return [e for e in self._parsed(path) if e[2] > now]
-        except (OSError, UnsafeState, ValueError, TypeError, RecursionError):
+        except (OSError, UnsafeState, ValueError, TypeError, OverflowError, RecursionError):
             return []
 
     def _parsed(self, path: Path) -> list[tuple[str, int, float]]:

@@ -41,9 +41,19 @@ def daemon_url(state_dir: Path) -> str:
     try:
         record = json.loads(read_private(path))
         pid, url = int(record["pid"]), str(record["url"])
+        if pid <= 0:  # 0 and -1 would ask about a whole process group
+            raise ValueError(f"PID {pid}")
     except FileNotFoundError:
         raise DaemonNotRunning(f"the watchdog is not running (no {path})") from None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, UnsafeState) as exc:
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        OverflowError,
+        RecursionError,
+        UnsafeState,
+    ) as exc:
         raise DaemonNotRunning(f"{path} is unreadable ({exc})") from None
     if not _alive(pid):
         raise DaemonNotRunning(f"the watchdog is not running (PID {pid} in {path} is gone)")

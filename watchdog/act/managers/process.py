@@ -148,6 +148,8 @@ class ProcessManager:
             pid, created = int(data["pid"]), float(data["create_time"])
             proc = psutil.Process(pid)
             same = abs(proc.create_time() - created) < 0.01 and self.system.alive(pid)
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            return None  # a record cut short or written by hand: spawn anew
+        except psutil.Error:
             return None
         return pid if same else None
