@@ -128,3 +128,30 @@ def test_each_alert_links_to_its_own_section_of_the_runbook() -> None:
     links = re.findall(r'runbook_url: "docs/runbook\.md#([^"]+)"', rules)
     assert len(alerts) >= 6 and links == [a.lower() for a in alerts]
     assert set(links) <= anchors(ROOT / "docs" / "runbook.md")
+
+
+def test_every_config_the_docs_show_is_accepted_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each TOML block of the docs that holds servers or watchdog settings loads as a config
+    (an api_key_file it names is made, private, in a home of its own)."""
+    import tomllib
+
+    from mlx_watchdog.config import parse_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    checked = 0
+    for doc in DOCS:
+        for block in re.findall(r"```toml\n(.*?)```", doc.read_text(), re.S):
+            data = tomllib.loads(block)
+            if not {"server", "watchdog"} & set(data):
+                continue
+            for server in data.get("server", []):
+                if "api_key_file" in server:
+                    key = Path(server["api_key_file"]).expanduser()
+                    key.parent.mkdir(parents=True, exist_ok=True)
+                    key.write_text("secret\n")
+                    key.chmod(0o600)
+            parse_config(data)
+            checked += 1
+    assert checked >= 3
