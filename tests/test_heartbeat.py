@@ -80,7 +80,8 @@ def test_a_daemon_whose_ticks_hang_ends_itself_for_its_manager(
         text=True,
     )
     try:
-        time.sleep(3)
+        history = tmp_path / "state" / "history.db"
+        until(lambda: proc.poll() is not None or _probes(history) >= 2, 20, "two ticks")
         assert proc.poll() is None  # ticking
         hang.touch()
         hung_at = time.monotonic()
@@ -141,3 +142,18 @@ def test_systemd_kills_a_frozen_watchdog_and_starts_it_again(
           20, "the frozen watchdog killed")  # fmt: skip
     until(lambda: job().get("ready") and job().get("pid") not in (None, first), 30, "a new one")
     assert job().get("notify_refused", 0) == 0
+
+
+def _probes(db: Path) -> int:
+    """Probes the daemon has recorded so far (0 before its history exists)."""
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+    try:
+        return int(con.execute("SELECT COUNT(*) FROM probes").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        con.close()
