@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlx_watchdog.cycle.crew import NoSink
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.store import Incident, Store
@@ -268,7 +269,7 @@ def _advice(doc: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 @dataclass
-class Days:
+class Days(NoSink):
     """Each server's Day for the page. Its probes come from a `Summary` kept as the daemon
     records them (this is one of the daemon's sinks: `observe`), read from the history once;
     the rest of the day (incidents, restarts, advice: a few rows) is read again once it is
@@ -301,15 +302,6 @@ class Days:
             kept = self._summaries.get(server)
             if kept is not None:
                 kept.add(self.wall(), verdict.state, verdict.evidence.ttft_s, self.step())
-
-    def event(self, server: str, kind: str, data: dict[str, Any]) -> None:
-        pass
-
-    def gave_up(self, server: str, n: int) -> None:
-        pass
-
-    def skipped(self, server: str) -> None:
-        pass
 
     def of(self, servers: Sequence[str]) -> dict[str, Day]:
         """Each server's day. A server not read yet is read now; of those older than fresh_s,
