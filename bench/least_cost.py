@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,7 +49,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import free_port
+from bench.harness import free_port, tiny_request
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send
@@ -58,11 +60,22 @@ WEDGE_AFTER = 4.0
 CLIENT_TIMEOUT = 1.0
 
 
-def server_argv(model: Path, port: int, delay: float) -> list[str]:
-    """mlx_lm.server, serial through a quantized KV cache, its start delayed by `delay` s."""
+SERVING = {
+    "serial --kv-bits": ("--kv-bits", "8", "--kv-group-size", "32"),  # serial, logs its prefill
+    "serial --draft-model": ("--draft-model", "{model}"),  # serial, no progress lines (the seed's)
+    "batched": (),
+}
+
+
+def server_argv(
+    model: Path, port: int, delay: float, serving: str = "serial --kv-bits"
+) -> list[str]:
+    """mlx_lm.server (serial through a quantized KV cache unless `serving` says otherwise), its
+    start delayed by `delay` s."""
+    how = [a.format(model=model) for a in SERVING[serving]]
     serve = [
         *("-m", "mlx_lm", "server", "--model", str(model), "--port", str(port)),
-        *("--max-tokens", "8", "--kv-bits", "8", "--kv-group-size", "32"),
+        *("--max-tokens", "8", *how),
     ]
     wrapper = (
         "import os, sys, time; time.sleep(float(sys.argv[1])); "
@@ -72,7 +85,14 @@ def server_argv(model: Path, port: int, delay: float) -> list[str]:
 
 
 def config(
-    work: Path, model: Path, port: int, delay: float, least_cost: bool, *, log: bool = True
+    work: Path,
+    model: Path,
+    port: int,
+    delay: float,
+    least_cost: bool,
+    *,
+    log: bool = True,
+    serving: str = "serial --kv-bits",
 ) -> Any:
     hub = work / "hf-hub"
     hub.mkdir(parents=True, exist_ok=True)
@@ -85,7 +105,7 @@ def config(
                     "name": "bench",
                     "url": f"http://127.0.0.1:{port}",
                     "manager": "process",
-                    "command": server_argv(model, port, delay),
+                    "command": server_argv(model, port, delay, serving),
                     "env": {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"},
                     **named,
                     "probe": {
@@ -265,6 +285,116 @@ def retry_loop(work: Path, model: Path) -> str:
         t.stop()
 
 
+class Agent:
+    """An agent as the seed's: it sends one prompt with a deadline shorter than its prefill and,
+    each time it gives up (or the connection fails), sends the same prompt again at once."""
+
+    def __init__(self, url: str, prompt: str, deadline: float, attempts: int) -> None:
+        self.url, self.prompt, self.deadline, self.attempts = url, prompt, deadline, attempts
+        self.outcomes: list[str] = []
+        self.served_after: float | None = None
+
+    def run(self) -> Agent:
+        began = time.monotonic()
+        for _ in range(self.attempts):
+            outcome = send(self.url, self.prompt, timeout=self.deadline)
+            self.outcomes.append(outcome)
+            if outcome == "served":
+                self.served_after = round(time.monotonic() - began, 1)
+                break
+            if outcome == "error":  # refused or reset: the server is restarting
+                time.sleep(1.0)
+        return self
+
+
+def seed_words(url: str, prefill_s: float) -> int:
+    """The words of a prompt whose whole prefill takes about `prefill_s` on this server: the
+    rate is read from two prompts, and its fall with length extrapolated."""
+    small, large = 1000, 3000
+    t_small = ttft(url, long_prompt(3, words=small))
+    t_large = ttft(url, long_prompt(4, words=large))
+    # Time grows with the square of the length here (attention): t = a*w + b*w^2.
+    b = max(0.0, (t_large / large - t_small / small) / (large - small))
+    a = max(1e-6, t_small / small - b * small)
+    if b == 0.0:
+        return int(prefill_s / a)
+    return int((-a + (a * a + 4 * b * prefill_s) ** 0.5) / (2 * b))
+
+
+def seed_case(
+    work: Path, model: Path, delay: float, serving: str, mode: str, deadline: float, words: int
+) -> dict[str, Any]:
+    """The seed's loop: an agent whose deadline is shorter than its prompt's prefill resends
+    the identical prompt each time it gives up. `mode`: "alone" (the server and no watchdog),
+    "least cost" or "always restart"; the config has no `log_file` (the watchdog's own log of
+    the server it runs: nothing to read under --draft-model)."""
+    port = free_port()
+    cfg = config(
+        work, model, port, delay, mode == "least cost", log=False, serving=serving
+    )
+    url = cfg.servers[0].url
+    server = cfg.servers[0]
+    t: DaemonThread | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        if mode == "alone":
+            env = {**os.environ, **dict(server.env)}
+            proc = subprocess.Popen(
+                list(server.command),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            until(lambda: tiny_request(url, 5.0), delay + 120, "the server to serve")
+        else:
+            t = DaemonThread(Daemon(cfg))
+            until(lambda: healthy(t), delay + 120, "the server to serve")
+        if words == 0:
+            words = seed_words(url, deadline * 1.8)
+        agent = Agent(url, long_prompt(42, words=words), deadline, attempts=6).run()
+        restarts = len(t.daemon.store.restarts("bench", 0.0)) if t is not None else 0
+        said = ""
+        if t is not None:
+            shown = [e for e in t.daemon.store.events() if e.kind in ("clearing", "restarting")]
+            said = shown[0].message if shown else ""
+        return {
+            "case": f"seed loop, {serving}",
+            "mode": mode,
+            "words": words,
+            "deadline_s": deadline,
+            "attempts": agent.outcomes,
+            "served_after_s": agent.served_after,
+            "restarted": restarts,
+            "said": said,
+        }
+    finally:
+        if t is not None:
+            t.stop()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def show_seed(r: dict[str, Any]) -> None:
+    served = (
+        f"served at attempt {len(r['attempts'])}, {r['served_after_s']:.1f} s after the first send"
+        if r["served_after_s"] is not None
+        else f"never served in {len(r['attempts'])} attempts"
+    )
+    print(
+        f"{r['case']:>34} {r['mode']:>15}: {served}; restarts {r['restarted']} "
+        f"({r['words']} words, deadline {r['deadline_s']:g} s)",
+        flush=True,
+    )
+    if r["said"]:
+        print(f"{'':>36}{r['said']}", flush=True)
+
+
 def show(r: dict[str, Any]) -> None:
     polled = r["poller"]
     print(
@@ -287,10 +417,28 @@ def show(r: dict[str, Any]) -> None:
     print(f"{'':>30}{r['outcome']}", flush=True)
 
 
+def seed_loops(root: Path, model: Path, delay: float, quick: bool) -> list[dict[str, Any]]:
+    """The seed's loop on each way of serving, with and without the watchdog: the prompt is
+    sized once per way (on the server alone), so every mode sends the same prompt."""
+    deadline = 5.0 if quick else 10.0
+    servings = ("serial --draft-model",) if quick else tuple(SERVING)
+    modes = ("alone", "least cost") if quick else ("alone", "least cost", "always restart")
+    rows: list[dict[str, Any]] = []
+    for serving in servings:
+        words = 0
+        for mode in modes:
+            work = root / f"seed-{serving.split()[-1].strip('-')}-{mode.split()[0]}"
+            rows.append(seed_case(work, model, delay, serving, mode, deadline, words))
+            words = rows[-1]["words"]
+            show_seed(rows[-1])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restart-delay", type=float, default=20.0)
-    parser.add_argument("--quick", action="store_true", help="two cases, a 5 s restart")
+    parser.add_argument("--quick", action="store_true", help="few cases, a 5 s restart")
+    parser.add_argument("--only-seed", action="store_true", help="the seed's loop cases only")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     delay = 5.0 if args.quick else args.restart_delay
@@ -300,19 +448,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = build_model(root / "model", heads=2)
-        for case in cases:
+        seeds = seed_loops(root, model, delay, args.quick)
+        if not args.only_seed:
+            for case in cases:
+                for mode, least_cost in (("least", True), ("always", False)):
+                    rows.append(one_mode(root / f"{case}-{mode}", model, delay, least_cost, case))
+                    show(rows[-1])
             for mode, least_cost in (("least", True), ("always", False)):
-                rows.append(one_mode(root / f"{case}-{mode}", model, delay, least_cost, case))
+                rows.append(cancel_case(root / f"cancel-{mode}", least_cost))
                 show(rows[-1])
-        for mode, least_cost in (("least", True), ("always", False)):
-            rows.append(cancel_case(root / f"cancel-{mode}", least_cost))
-            show(rows[-1])
-        if not args.quick:
-            alert = retry_loop(root / "loop", model)
+            if not args.quick:
+                alert = retry_loop(root / "loop", model)
     if alert is not None:
         print(f"retry loop, the third alert: {alert}")
     if args.json:
-        args.json.write_text(json.dumps({"modes": rows, "retry_loop_alert": alert}, indent=2))
+        doc = {"modes": rows, "seed_loops": seeds, "retry_loop_alert": alert}
+        args.json.write_text(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":
