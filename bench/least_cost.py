@@ -329,9 +329,7 @@ def seed_case(
     "least cost" or "always restart"; the config has no `log_file` (the watchdog's own log of
     the server it runs: nothing to read under --draft-model)."""
     port = free_port()
-    cfg = config(
-        work, model, port, delay, mode == "least cost", log=False, serving=serving
-    )
+    cfg = config(work, model, port, delay, mode == "least cost", log=False, serving=serving)
     url = cfg.servers[0].url
     server = cfg.servers[0]
     t: DaemonThread | None = None

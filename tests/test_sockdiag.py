@@ -60,6 +60,49 @@ def test_the_kernel_lists_the_ports_sockets_as_psutil_does(listener: socket.sock
         s.close()
 
 
+def _tcp_info_received(sock: socket.socket) -> int:
+    """The kernel's own count for one socket, through getsockopt(TCP_INFO)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return int(struct.unpack_from("=Q", info, 128)[0])
+
+
+@linux
+def test_each_socket_says_how_many_bytes_its_peer_sent(listener: socket.socket) -> None:
+    """A request's size, read on the server's side: the same for the same request sent again,
+    as the kernel counts it for that socket, on a live connection and one whose client left."""
+    port = listener.getsockname()[1]
+    sizes = {}
+    clients, ends = [], []
+    for n in (70_001, 70_001, 1_234):
+        c = socket.create_connection(("127.0.0.1", port))
+        a, _ = listener.accept()
+        c.sendall(b"x" * n)
+        got = 0
+        while got < n:
+            got += len(a.recv(1 << 20))
+        clients.append(c)
+        ends.append(a)
+        sizes[c.getsockname()[1]] = n
+    clients[0].close()  # the first client gave up: its request stays counted in CLOSE_WAIT
+    until(
+        lambda: any(s.status == "CLOSE_WAIT" for s in sockdiag.sockets(port, [socket.AF_INET])),
+        5,
+        "CLOSE_WAIT",
+    )
+    found = {
+        s.raddr.port: s for s in sockdiag.sockets(port, [socket.AF_INET]) if s.raddr is not None
+    }
+    for end in ends[1:]:
+        peer = end.getpeername()[1]
+        assert found[peer].received == _tcp_info_received(end) == sizes[peer]
+    first = found[ends[0].getpeername()[1]]
+    assert first.status == "CLOSE_WAIT"
+    assert first.received is not None and 70_001 <= first.received <= 70_002  # its FIN counts
+    assert all(s.quiet_ms is not None and s.quiet_ms < 60_000 for s in found.values())
+    for s in (*clients[1:], *ends):
+        s.close()
+
+
 @linux
 def test_a_half_closed_client_is_owned_and_an_orphan_is_not(listener: socket.socket) -> None:
     """The clients' side, by remote port: a client that shut down its sending side still

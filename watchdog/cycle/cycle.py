@@ -281,6 +281,7 @@ class Cycle:
             self.mono(),
             waited_before=self.incident is None or self.incident.waited,
             cancel=self.server.profile.cancel if acts else None,
+            cap=self.server.probe.max_busy,
         )
         for ended in plan.ended:
             self._record_cure(*ended)

@@ -57,13 +57,14 @@ class LeastCost:
         *,
         waited_before: bool,
         cancel: str | None,
+        cap: float | None = None,
     ) -> Plan:
         """The next step for a wedge that triggers: go on, begin a cancel or a wait, or
         restart. `waited_before`: this incident already gave one cheaper cure its chance
         (after that, restarts only)."""
         if self.clearing is None and waited_before:
             return Plan(restart_why="")
-        cure = clearing.choose(evidence, restart_cost, self.clearing, now, cancel=cancel)
+        cure = clearing.choose(evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap)
         began, self.clearing = self.clearing, cure.wait
         ended: tuple[Ended, ...] = () if began is None else ((began, "gave up", cure.why),)
         if cure.wait is None:

@@ -9,19 +9,25 @@ costed as the time until the queue is served, and the least is chosen:
   costs nothing); the wait is judged again then, never given up in advance.
 - cancel: where the server's kind cancels requests on demand, the calls and a token after
   them (CANCEL_S), for exactly the requests of clients that left (act/cancel.py picks them).
-- restart: this server's measured restart-to-first-token (RestartCost).
+- restart: this server's measured restart-to-first-token (RestartCost), plus the work it
+  destroys that a client behind needs: when a live request resends the abandoned prompt
+  (judge/retry.py) and the process works, everything done on it so far is prefilled again.
 
 A client that gives up behind the wedge is one more victim to serve sooner, never by itself a
 reason to restart. The waiting in one incident is bounded by the restart it avoids: from the
-first wait, at most the restart's cost plus MARGIN_S.
+first wait, at most the restart's cost plus MARGIN_S. Where the work left cannot be read (a
+serial server under --draft-model logs no progress), that bound is the whole rule: wait while
+the wait has cost less than the restart (ski rental), which keeps any outage within twice the
+least possible, where restarting at once never ends a loop of clients that resend their prompt.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from mlx_watchdog.judge import retry
 from mlx_watchdog.judge.evidence import Evidence
 
 DEFAULT_RESTART_S = 30.0  # a restart's cost until one was measured here (a mid-size model)
@@ -32,6 +38,8 @@ STALL_STEPS = 3.0  # a prefill that logged nothing for this many of its steps ha
 STALL_MIN_S = 10.0
 CANCEL_VERIFY_S = 15.0  # after a cancel, a token within this long or a restart
 CANCEL_S = 2.0  # a cancel's expected cost: its calls, and a token after them
+IDLE_CPU = 1.0  # at or below this share of a core the process is not working (a GPU-bound
+# prefill on Metal shows little CPU, so "working" is any more than idle)
 
 
 @dataclass(frozen=True)
@@ -40,11 +48,21 @@ class RestartCost:
 
     seconds: float  # from the restart's start to the first token after it
     measured: int  # how many restarts here it is the median of; 0: the default
+    destroyed: float = 0.0  # work a restart throws away that a client behind needs again
+    destroyed_why: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.seconds + self.destroyed
 
     def describe(self) -> str:
         if self.measured:
-            return f"a restart takes about {self.seconds:.0f} s here"
-        return f"a restart is taken to take {self.seconds:.0f} s (none measured here yet)"
+            said = f"a restart takes about {self.seconds:.0f} s here"
+        else:
+            said = f"a restart is taken to take {self.seconds:.0f} s (none measured here yet)"
+        if self.destroyed:
+            said += f", and costs the retry {self.destroyed:.0f} s more: {self.destroyed_why}"
+        return said
 
 
 def restart_cost(served_s: Sequence[float]) -> RestartCost:
@@ -61,7 +79,7 @@ class Clearing:
 
     began: float
     until: float  # its expected end plus the margin
-    total: int  # the prompt tokens of the prefill waited for
+    total: int  # the prompt tokens of the prefill waited for; 0: work the log does not show
     cost: RestartCost
     cancel: bool = False  # the abandoned requests were cancelled: waiting for the token
     margin: float = 0.0  # of `until`, past the prefill's expected end
@@ -69,7 +87,8 @@ class Clearing:
     def waited(self, now: float) -> str:
         if self.cancel:
             return f"{now - self.began:.1f} s after cancelling the abandoned requests"
-        return f"waited {now - self.began:.1f} s for the abandoned prefill"
+        what = "prefill" if self.total else "work"
+        return f"waited {now - self.began:.1f} s for the abandoned {what}"
 
 
 @dataclass(frozen=True)
@@ -87,12 +106,15 @@ def choose(
     now: float,
     *,
     cancel: str | None = None,
+    cap: float | None = None,
 ) -> Cure:
     """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the cure under
     way. `cancel`: the kind's cancel style ("by_id": by request id, so only requests older
-    than every live client are cancelled; "abort_all": only when no live client is there)."""
+    than every live client are cancelled; "abort_all": only when no live client is there).
+    `cap`: the longest one incident waits whatever the costs say (the server's max_busy)."""
     if clearing is not None and clearing.cancel:
         return _after_cancel(clearing, now)
+    cost = counting_work(cost, e, now - (clearing.began if clearing else now), clearing)
     live = e.live_connections
     # By id, live clients are told apart by age, so their count and the oldest's age must
     # be known; all at once, only with none.
@@ -100,7 +122,7 @@ def choose(
     cancellable = (e.abandoned_connections or 0) >= 1 and (
         by_id or (cancel == "abort_all" and live == 0)
     )
-    wait, why_not = _plan_wait(e, clearing, cost, now)
+    wait, why_not = _plan_wait(e, clearing, cost, now, cap)
     if wait is not None and (not cancellable or wait.until - now - wait.margin <= CANCEL_S):
         return Cure(wait, _waiting(e, wait, clearing, cost, now))
     if cancellable and cost.seconds > CANCEL_S:
@@ -119,25 +141,26 @@ def choose(
 
 
 def _plan_wait(
-    e: Evidence, clearing: Clearing | None, cost: RestartCost, now: float
+    e: Evidence, clearing: Clearing | None, cost: RestartCost, now: float, cap: float | None
 ) -> tuple[Clearing | None, str]:
     """The wait worth making now (None, and why not), judged afresh each tick from what the log
     says: its end moves with the prefill's rate, within the incident's bound."""
     began = clearing.began if clearing is not None else now
-    bound = began + cost.seconds + MARGIN_S  # waiting never costs more than the restart
+    bound = began + cost.total + MARGIN_S  # waiting never costs more than the restart
+    if cap is not None and began + cap < bound:
+        bound = began + cap
+        if now >= bound:
+            return None, f"the wait reached max_busy ({cap:.0f} s); {cost.describe()}"
     if now >= bound:
         return None, f"waiting longer would cost more than the restart; {cost.describe()}"
-    late = f"it did not clear by its expected end and a margin; {cost.describe()}"
     if e.prefill_total is None or e.prefill_done is None or e.prefill_done >= e.prefill_total:
         # Nothing new in the log, or the prefill is done and the server decodes for the
-        # client that left: the wait goes on to the end it was given.
-        if clearing is not None:
-            return (clearing, "") if now < clearing.until else (None, late)
-        if e.prefill_total is None or e.prefill_done is None:
-            return None, _unread(e)
-        return None, (
-            "the last prefill in the server's log has finished, so it is not what holds the server"
-        )
+        # client that left: a wait for a prefill goes on to the end it was given; past it, or
+        # for work the log does not show, the work left is unknown, and is waited for while
+        # the wait costs less than the restart.
+        if clearing is not None and clearing.total and now < clearing.until:
+            return clearing, ""
+        return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
         return None, stalled
@@ -151,7 +174,7 @@ def _plan_wait(
     # Chosen on what waiting is expected to cost (the estimate runs low: measured 12 s said
     # where 15 were left); given up only past a wider margin, and never past the bound.
     expected = left * (1 + MARGIN_SHARE)
-    if expected >= cost.seconds:
+    if expected >= cost.total:
         return None, (
             f"the abandoned prefill needs about {left:.0f} s more (about {expected:.0f} s as "
             f"such estimates run); {cost.describe()}"
@@ -172,9 +195,17 @@ def _waiting(
     victims = _victims(e)
     if clearing is not None:
         said = clearing.waited(now)
-        if wait.total != clearing.total:
+        if wait.total != clearing.total and wait.total:
             said += f"; now for the next abandoned prompt ({e.server_prefill})"
+        elif wait.until > clearing.until + 1.0:
+            said += f"; waiting up to {wait.until - now:.0f} s more: {cost.describe()}"
         return said + victims
+    if not wait.total:
+        return (
+            f"waiting while it costs less than a restart: {_unknown(e)}; {cost.describe()}; "
+            f"restarting if it has not served within {wait.until - now:.0f} s (so the outage "
+            f"stays within twice the least possible){victims}"
+        )
     if e.prefill_left_s is None:
         return (
             f"waiting for the abandoned prefill's next step ({e.prefill_done:,}/"
@@ -216,9 +247,34 @@ def _victims(e: Evidence) -> str:
     )
 
 
-def _unread(e: Evidence) -> str:
+def counting_work(
+    cost: RestartCost, e: Evidence, waited: float, clearing: Clearing | None
+) -> RestartCost:
+    """The restart's cost with the work it would destroy that a client behind needs: all the
+    server has done on the resent prompt so far (the least of what the retry would need again),
+    while the process works. Once the resend is no longer seen, what was counted stays."""
+    before = clearing.cost if clearing is not None else None
+    held = e.retry_held_s
+    working = e.cpu_percent is not None and e.cpu_percent > IDLE_CPU
+    if held is None or not working or e.retry_bytes is None:
+        if before is not None and before.destroyed:
+            return replace(cost, destroyed=before.destroyed, destroyed_why=before.destroyed_why)
+        return cost
+    # Each second waited is a second more of the resent prompt's work a restart would throw
+    # away, so while it runs the wait never costs more than the restart would: the bound is
+    # the incident's cap (max_busy), or the resend's end.
+    why = retry.Retry(e.retry_bytes, e.retry_after_s or 0.0, held).describe()
+    return replace(cost, destroyed=round(max(0.0, held), 1), destroyed_why=why)
+
+
+def _unknown(e: Evidence) -> str:
     if e.progress_problem:
-        return f"its progress cannot be read ({e.progress_problem})"
+        return f"the work left cannot be read ({e.progress_problem})"
+    if e.prefill_total is not None and e.prefill_done is not None:
+        return (
+            "the last prefill in the server's log has finished, and what holds the server "
+            "now is not in its log"
+        )
     return (
         "no prefill progress is in the server's log (mlx_lm.server logs none with "
         "--draft-model), so how long the abandoned work runs is unknown"

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mlx_watchdog.judge.cause import Diagnosis
+from mlx_watchdog.judge.retry import Retry, retry_of
 from mlx_watchdog.sense.findings import (
     LoadReport,
     ModelsCheck,
@@ -79,6 +80,11 @@ class Evidence:
     oldest_live_s: float | None = None  # since the watchdog first saw the oldest live client
     oldest_abandoned_s: float | None = None
     gave_up_after_s: tuple[float, ...] = ()  # how long each departed client had waited
+    # A live request resending an abandoned one (judge/retry.py): its size, how soon after
+    # its client left, and how long the server has had the abandoned one.
+    retry_bytes: int | None = None
+    retry_after_s: float | None = None
+    retry_held_s: float | None = None
     process_error: str | None = None
     server_report: str | None = None  # what the server says of itself (its load route)
     server_running: int | None = None
@@ -143,6 +149,7 @@ def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Ev
         oldest_live_s=_r(proc.oldest_live(now)),
         oldest_abandoned_s=_r(proc.oldest_abandoned(now)),
         gave_up_after_s=tuple(proc.gave_up_after()),
+        **_retry(retry_of(proc.clients, now)),
         process_error=proc.error or None,
         server_report=load.describe() if load else None,
         server_running=load.running if load else None,
@@ -153,6 +160,16 @@ def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Ev
         cause=str(found.cause) if found else None,
         cause_because=found.because or None if found else None,
     )
+
+
+def _retry(found: Retry | None) -> dict[str, Any]:
+    if found is None:
+        return {}
+    return {
+        "retry_bytes": found.bytes,
+        "retry_after_s": _r(found.after_s),
+        "retry_held_s": _r(found.held_s),
+    }
 
 
 def _prefill(said: Prefill | None, problem: str | None) -> dict[str, Any]:

@@ -28,6 +28,8 @@ class Client:
     status: str  # "live" or "abandoned"
     first_seen: float
     abandoned_since: float | None
+    received: int | None = None  # bytes it sent (its request); None where it cannot be read
+    sent_at: float | None = None  # when its last byte came, on the span clock; None: unknown
 
 
 @dataclass(frozen=True)

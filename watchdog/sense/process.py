@@ -269,7 +269,11 @@ class Inspector:
                 if status == "abandoned"
                 else None
             )
-            seen[addr] = Client(addr, status, first_seen, since)
+            received, quiet = getattr(conn, "received", None), getattr(conn, "quiet_ms", None)
+            sent_at = before.sent_at if before and before.received == received else None
+            if sent_at is None and quiet is not None:
+                sent_at = now - quiet / 1000.0
+            seen[addr] = Client(addr, status, first_seen, since, received, sent_at)
             if status == "abandoned" and (before is None or before.status != "abandoned"):
                 self.gave_up += 1
         return seen

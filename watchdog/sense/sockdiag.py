@@ -6,6 +6,10 @@ filter instead: a dump of the TCP sockets whose local (or remote) port is the se
 their state, addresses and inode, TIME_WAIT left out. A socket's inode is 0 once no process
 holds it (an orphan the kernel finishes closing), so "owned by a process" needs no scan.
 
+Each socket comes with the bytes it has received (tcp_info's `tcpi_bytes_received`, asked
+with INET_DIAG_INFO): on the server's side of a client's connection, the size of what the
+client sent, its request. A client that resends the same prompt sends about as many bytes.
+
 Anything unexpected (not Linux, a kernel or sandbox that refuses) raises `Unavailable`, and the
 caller reads psutil's table as before.
 """
@@ -24,6 +28,15 @@ SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_REQ_BYTECODE = 1
+INET_DIAG_INFO = 2  # an answer's attribute: struct tcp_info
+INFO_EXT = 1 << (INET_DIAG_INFO - 1)  # the request's ext bit for it
+# struct tcp_info (include/uapi/linux/tcp.h): tcpi_last_data_recv (ms) at 52, and
+# tcpi_bytes_received (u64, since Linux 4.1) at 128.
+_LAST_RECV = struct.Struct("=I")
+_LAST_RECV_AT = 52
+_RECEIVED = struct.Struct("=Q")
+_RECEIVED_AT = 128
+_ATTR = struct.Struct("=HH")  # rtattr: len, type
 BC_S_GE, BC_S_LE, BC_D_GE, BC_D_LE = 2, 3, 4, 5
 MAX_BYTES = 8 << 20  # the answer's cap: a port with more sockets than this is not a server's
 
@@ -71,6 +84,8 @@ class Socket:
     laddr: Address
     raddr: Address | None
     inode: int
+    received: int | None = None  # bytes received on it (its peer's request, for a server)
+    quiet_ms: int | None = None  # since it last received data
 
 
 def _port_filter(port: int, *, local: bool) -> bytes:
@@ -85,7 +100,7 @@ def _port_filter(port: int, *, local: bool) -> bytes:
 def _request(family: int, port: int, local: bool, seq: int) -> bytes:
     code = _port_filter(port, local=local)
     attribute = struct.pack("=HH", 4 + len(code), INET_DIAG_REQ_BYTECODE) + code
-    body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, WANTED) + bytes(48) + attribute
+    body = _REQUEST.pack(family, socket.IPPROTO_TCP, INFO_EXT, 0, WANTED) + bytes(48) + attribute
     return (
         _HEADER.pack(
             _HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
@@ -106,7 +121,7 @@ def parse(data: bytes, seq: int) -> tuple[list[Socket], bool]:
         length, kind, _, got_seq, _ = _HEADER.unpack_from(data, offset)
         if length < _HEADER.size or offset + length > len(data):
             raise Unavailable(f"a malformed netlink message ({length} bytes)")
-        start = offset + _HEADER.size
+        start, end = offset + _HEADER.size, offset + length
         offset += (length + 3) & ~3
         if got_seq != seq:
             continue
@@ -123,8 +138,30 @@ def parse(data: bytes, seq: int) -> tuple[list[Socket], bool]:
         if family not in (socket.AF_INET, socket.AF_INET6) or state not in STATES:
             continue
         remote = Address(_ip(family, dst), dport) if dport else None
-        found.append(Socket(family, STATES[state], Address(_ip(family, src), sport), remote, inode))
+        received, quiet = _info(data, start + 72, end)
+        local = Address(_ip(family, src), sport)
+        found.append(Socket(family, STATES[state], local, remote, inode, received, quiet))
     return found, False
+
+
+def _info(data: bytes, at: int, end: int) -> tuple[int | None, int | None]:
+    """The bytes received and ms since the last, from a message's INET_DIAG_INFO attribute
+    (None where the kernel sent none, or one too short to hold them)."""
+    while at + _ATTR.size <= end:
+        size, kind = _ATTR.unpack_from(data, at)
+        if size < _ATTR.size or at + size > end:
+            return None, None
+        if kind == INET_DIAG_INFO:
+            payload = at + _ATTR.size
+            quiet = None
+            if size - _ATTR.size >= _LAST_RECV_AT + _LAST_RECV.size:
+                (quiet,) = _LAST_RECV.unpack_from(data, payload + _LAST_RECV_AT)
+            if size - _ATTR.size < _RECEIVED_AT + _RECEIVED.size:
+                return None, quiet
+            (received,) = _RECEIVED.unpack_from(data, payload + _RECEIVED_AT)
+            return int(received), quiet
+        at += (size + 3) & ~3
+    return None, None
 
 
 def sockets(port: int, families: Iterable[int], *, local: bool = True) -> list[Socket]:
