@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 
+from mlx_watchdog.advice.doctor import run_doctor
 from mlx_watchdog.config import default_state_dir, effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send, server_command
@@ -243,6 +244,14 @@ def test_the_seeds_loop_ends_an_agent_that_resends_its_prompt_is_served_with_no_
     assert "waiting while it costs less than a restart" in clearing.message
     assert "a client resends the abandoned ~" in clearing.message, clearing.message
     assert "no prefill progress is in the server's log" in clearing.message
+    # The advice that ends the loop at its source: the deadline this prompt needs, measured.
+    assert (incident.advice or "").startswith("a client resent an abandoned ~"), incident.advice
+    need = re.search(r"a client deadline above (\d+) s", incident.advice or "")
+    assert need is not None and int(need.group(1)) > deadline
+    home = tmp_path / "home"
+    home.mkdir()
+    said = [f.detail for f in run_doctor(config, home=home, env={"HOME": str(home)})]
+    assert any(d.startswith("in the last day a client resent an abandoned") for d in said), said
 
 
 def test_a_patient_client_is_not_restarted(

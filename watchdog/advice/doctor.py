@@ -17,7 +17,7 @@ from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
-from mlx_watchdog.judge.advice import retry_loop, tokens_label
+from mlx_watchdog.judge.advice import RESENT, retry_loop, tokens_label
 from mlx_watchdog.judge.states import BAD_STATES
 from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
@@ -104,8 +104,9 @@ def _server(
             name,
             "serves one request at a time (--draft-model disables batching): one abandoned "
             "long prompt holds every client behind it until its prefill ends; and it logs no "
-            "prefill progress then, so the watchdog cannot tell when the abandoned work ends "
-            "and restarts every wedge (losing every client's prompt cache)",
+            "prefill progress then, so the watchdog cannot tell when the abandoned work ends: "
+            "it waits while that costs less than a restart (longer while a client resends the "
+            "abandoned prompt), then restarts (losing every client's prompt cache)",
             "give every client and proxy a timeout above the longest prefill "
             "(mlx-watchdog calibrate); or serve without --draft-model: batched, it logs its "
             "progress and serves small requests between an abandoned prompt's steps",
@@ -123,6 +124,18 @@ def _server(
             f"a retry loop in the last day: {loop}",
             "raise that client's timeout (and its proxy's) to the figure above, or stop it "
             "resending the prompt",
+        )
+    resent = [
+        i.advice
+        for i in store.incidents(now - 86400.0, server.name)
+        if i.advice and i.advice.startswith(RESENT)
+    ]
+    if resent:
+        yield Finding(
+            "warning",
+            name,
+            f"in the last day {resent[-1]}",
+            "raise that client's timeout (and its proxy's) to the figure above",
         )
 
 

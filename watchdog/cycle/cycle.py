@@ -415,8 +415,9 @@ class Cycle:
         )
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
+        advice = None
         if (cleared := self.least.served(self.mono())) is not None:
-            how, ended = cleared
+            how, ended, advice = cleared
             self._record_cure(*ended)
         self.streak = Streak()
         self.refused_said = False
@@ -432,6 +433,8 @@ class Cycle:
         outage = at - incident.began_at
         self.tally.cured.append((at, incident.cause))
         if incident.id is not None:
+            if advice:
+                self.store.set_advice(incident.id, advice)
             self.store.close_incident(incident.id, at, how, recover_s)
         timing = f"outage {outage:.1f} s" + (
             f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
@@ -439,7 +442,7 @@ class Cycle:
         self.transition(
             Phase.NORMAL,
             EventKind.RECOVERED,
-            f"serving again ({how}); {timing}",
+            f"serving again ({how}); {timing}" + (f". {advice}" if advice else ""),
             outage_s=round(outage, 3),
             recover_s=None if recover_s is None else round(recover_s, 3),
         )

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlx_watchdog.judge import clearing, traffic
+from mlx_watchdog.judge.advice import resend_advice
 from mlx_watchdog.judge.clearing import Clearing, RestartCost
+from mlx_watchdog.judge.retry import size_label
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.sense.findings import LoadReport
@@ -38,6 +40,9 @@ class LeastCost:
         self.clearing: Clearing | None = None  # a cancel or a wait under way
         self.skipped = 0  # probes skipped in a row: real traffic proved the server
         self.first_served: float | None = None  # a token between an abandoned prompt's steps
+        # A resent prompt seen during the wait: when it was first sent (span clock), its size,
+        # and how long its client had waited when it gave up.
+        self.resent: tuple[float, int, float | None] | None = None
 
     def traffic(self, verdict: Verdict | None, report: LoadReport | None) -> Verdict | None:
         """A verdict without a probe, when the server's own counter shows live clients
@@ -64,6 +69,12 @@ class LeastCost:
         (after that, restarts only)."""
         if self.clearing is None and waited_before:
             return Plan(restart_why="")
+        e = evidence
+        if e.retry_held_s is not None and e.retry_bytes is not None:
+            sent = now - e.retry_held_s
+            first = sent if self.resent is None else min(self.resent[0], sent)
+            gave_up = max(e.gave_up_after_s) if e.gave_up_after_s else None
+            self.resent = (first, e.retry_bytes, gave_up)
         cure = clearing.choose(evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap)
         began, self.clearing = self.clearing, cure.wait
         ended: tuple[Ended, ...] = () if began is None else ((began, "gave up", cure.why),)
@@ -85,18 +96,23 @@ class LeastCost:
         self.first_served = at if self.first_served is None else self.first_served
         return True
 
-    def served(self, now: float) -> tuple[str, Ended] | None:
-        """The server serves again: how, and the cure that ended, if a cancel or a wait
-        brought it back."""
+    def served(self, now: float) -> tuple[str, Ended, str | None] | None:
+        """The server serves again: how, the cure that ended, if a cancel or a wait brought it
+        back, and the deadline a resent prompt needs, where one was seen."""
         self.first_served = None
         wait, self.clearing = self.clearing, None
+        resent, self.resent = self.resent, None
         if wait is None:
             return None
         how = "served again" if wait.cancel else "cleared without a restart:"
         how = f"{how} {wait.waited(now)}"
-        return how, (wait, "cleared", f"{how}; {wait.cost.describe()}")
+        advice = None
+        if resent is not None and not wait.cancel:
+            sent, size, gave_up = resent
+            advice = resend_advice(size_label(size), now - sent, gave_up)
+        return how, (wait, "cleared", f"{how}; {wait.cost.describe()}"), advice
 
     def restarting(self, now: float) -> Ended | None:
         """A restart begins (a person's, during a wait): the wait ends with it."""
-        wait, self.clearing = self.clearing, None
+        wait, self.clearing, self.resent = self.clearing, None, None
         return None if wait is None else (wait, "ended by a restart", wait.waited(now))

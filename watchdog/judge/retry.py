@@ -36,7 +36,7 @@ class Retry:
 
     def describe(self) -> str:
         return (
-            f"a client resends the abandoned ~{_size(self.bytes)} request "
+            f"a client resends the abandoned ~{size_label(self.bytes)} request "
             f"{self.after_s:.0f} s after giving up; the {self.held_s:.0f} s of work already "
             "done on it will answer it, where a restart would start it again from zero"
         )
@@ -68,5 +68,5 @@ def _sent(c: Client) -> float:
     return c.sent_at if c.sent_at is not None else c.first_seen
 
 
-def _size(n: int) -> str:
+def size_label(n: int) -> str:
     return f"{n / 1024:,.0f} KiB" if n >= 10 * 1024 else f"{n / 1024:.1f} KiB"

@@ -330,8 +330,9 @@ def unread_cost(server: ServerConfig) -> tuple[str, str] | None:
     else:
         fix = 'set log_file to the file its output goes to, or run it with manager = "process"'
     return (
-        "no log of this server is read, so an abandoned prefill's progress is unknown and every "
-        "wedge will be restarted, even one that would clear in seconds",
+        "no log of this server is read, so an abandoned prefill's progress is unknown: each "
+        "wedge is waited for up to what a restart costs, then restarted, even one that would "
+        "have cleared a few seconds later",
         fix,
     )
 
