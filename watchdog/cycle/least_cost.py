@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from mlx_watchdog.judge import clearing, traffic
 from mlx_watchdog.judge.advice import resend_advice
 from mlx_watchdog.judge.clearing import Clearing, RestartCost
-from mlx_watchdog.judge.retry import size_label
 from mlx_watchdog.judge.evidence import Evidence
+from mlx_watchdog.judge.retry import size_label
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.sense.findings import LoadReport
 
