@@ -151,12 +151,27 @@ def test_a_resent_prompt_worked_on_forever_is_waited_for_no_longer_than_max_busy
     )
 
 
-@pytest.mark.parametrize("cpu", [None, 0.0, 1.0])
-def test_work_a_resting_process_is_not_doing_is_not_counted(cpu: float | None) -> None:
-    """A process that does not work (or not known to) does no work a restart could destroy."""
-    cure = choose(resent(15.0, cpu=cpu), RestartCost(3.0, 2), None, now=100.0)
+def test_work_not_known_to_run_is_not_counted() -> None:
+    """A process whose CPU is not known yet does no work a restart could be said to destroy."""
+    cure = choose(resent(15.0, cpu=None), RestartCost(3.0, 2), None, now=100.0)
     assert cure.wait is not None and cure.wait.cost.destroyed == 0.0
     assert cure.wait.until == pytest.approx(100.0 + 3.0 + MARGIN_S)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "why"),
+    [
+        (resent(15.0, cpu=0.0), "the process is idle (CPU 0.0%), so no abandoned work is running"),
+        (resent(15.0, cpu=1.0), "the process is idle (CPU 1.0%)"),
+        (Evidence(live_connections=0), "no client left work behind (no abandoned request)"),
+    ],
+)
+def test_with_no_work_running_unknown_is_no_reason_to_wait(evidence: Evidence, why: str) -> None:
+    """Nothing runs that could end by itself: an idle process, or a wedge no client left work
+    in (a server that serves nobody). Waiting would cure nothing: the restart, at once."""
+    cure = choose(evidence, COST, None, now=100.0)
+    assert cure.wait is None and cure.why.startswith("restarting rather than waiting: ")
+    assert why in cure.why
 
 
 @settings(max_examples=200, deadline=None)

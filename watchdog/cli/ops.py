@@ -185,12 +185,25 @@ def _status_view(doc: dict[str, Any]) -> Group:
             )
         if s.get("progress_problem"):
             notes.append(f"  [yellow]server log:[/] {escape(s['progress_problem'])}")
+        if live and s.get("restart_cost_s") is not None:
+            measured = s.get("restart_cost_measured") or 0
+            notes.append(
+                f"  [dim]a restart: about {s['restart_cost_s']:.0f} s to its first token "
+                + (
+                    f"(the median of {measured} measured here)"
+                    if measured
+                    else "(assumed: none measured here yet)"
+                )
+                + "[/]"
+            )
         wait = s.get("clearing")
         if isinstance(wait, dict):
             what = (
                 "since cancelling the abandoned requests"
                 if wait.get("cure") == "cancel"
                 else "for the abandoned prefill"
+                if wait.get("prefill_total")
+                else "for the abandoned work (its end cannot be read)"
             )
             notes.append(
                 f"  [yellow]clearing:[/] waiting {wait.get('waited_s')} s {what} instead of a "

@@ -160,6 +160,9 @@ def _plan_wait(
         # the wait costs less than the restart.
         if clearing is not None and clearing.total and now < clearing.until:
             return clearing, ""
+        idle = _idle(e)
+        if idle is not None:
+            return None, idle
         return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
@@ -265,6 +268,18 @@ def counting_work(
     # the incident's cap (max_busy), or the resend's end.
     why = retry.Retry(e.retry_bytes, e.retry_after_s or 0.0, held).describe()
     return replace(cost, destroyed=round(max(0.0, held), 1), destroyed_why=why)
+
+
+def _idle(e: Evidence) -> str | None:
+    """Why no work is running that a wait could see end, or None: there may be."""
+    if not e.abandoned_connections:
+        return "no client left work behind (no abandoned request), so waiting would end nothing"
+    if e.cpu_percent is not None and e.cpu_percent <= IDLE_CPU:
+        return (
+            f"the process is idle (CPU {e.cpu_percent:.1f}%), so no abandoned work is running "
+            "that waiting would see end"
+        )
+    return None
 
 
 def _unknown(e: Evidence) -> str:

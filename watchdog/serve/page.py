@@ -157,6 +157,8 @@ def _notes(s: dict[str, Any]) -> Iterable[str]:
             "after cancelling the abandoned requests"
             if c.get("cure") == "cancel"
             else "for an abandoned prefill to finish"
+            if c.get("prefill_total")
+            else "for abandoned work whose end cannot be read"
         )
         yield (
             f'<p class="alert">Waiting {_num(c.get("waited_s"))} s {what} instead of '

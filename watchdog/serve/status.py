@@ -118,6 +118,9 @@ def _clearing(wait: Clearing | None, mono: float) -> dict[str, Any] | None:
         "restart_in_s": round(max(0.0, wait.until - mono), 1),
         "prefill_total": wait.total,
         "cure": "cancel" if wait.cancel else "wait",
+        # What the wait is weighed against: the restart, and the work it would destroy.
+        "restart_cost_s": wait.cost.total,
+        "destroyed_s": wait.cost.destroyed,
     }
 
 
