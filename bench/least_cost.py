@@ -30,6 +30,15 @@ token (cached: about a tenth of a second; after a restart the cache is gone and 
 prompt is prefilled again). Last, a retry loop: one client sends the same prompt three times
 and gives up each time at the same point; the alert text is printed. `--quick` runs the
 impatient case and the cancel case only, with a short restart delay (CI's smoke run).
+
+First, the seed's loop (`seed_case`): an agent whose deadline (10 s; 5 s with `--quick`) is
+shorter than its prompt's whole prefill (sized to about 1.8 deadlines on the server alone)
+resends the identical prompt each time it gives up, up to six attempts. On each way of serving
+(serial `--draft-model`, no progress lines: the seed's; serial `--kv-bits`, which logs its
+prefill; batched), with the config a user writes (no `log_file`): the server alone, with the
+watchdog, and with `least_cost = false` (always restart) as the peer. Measured: the attempt that
+was served and when, and the restarts. `--only-seed` runs these alone (`--quick`: serial
+`--draft-model`, alone and with the watchdog).
 """
 
 from __future__ import annotations
