@@ -12,6 +12,7 @@ import pytest
 
 from mlx_watchdog.advice.calibrate import Calibration, Fit, Point, advise, fit, parse_tokens
 from mlx_watchdog.judge.advice import MARGIN, incident_advice
+from mlx_watchdog.judge.estimate import curve
 from mlx_watchdog.record.store import Store
 from tests.conftest import Running, mlx_watchdog
 
@@ -87,6 +88,10 @@ def test_calibrate_the_real_server(batched_server: Running, tmp_path: Path) -> N
     assert all(p["prefill_s"] > 0 for p in points)
     assert points[0]["prefill_s"] < points[-1]["prefill_s"]  # more prompt, more time
     assert all((p["cached_tokens"] or 0) < 64 for p in points)  # the unique prefix works
+    # Each prompt's size is kept, so a request's bytes on a socket read as tokens here.
+    found = curve(doc)
+    assert found is not None and 1.0 < found.bytes_per_token < 20.0
+    assert all(p["prompt_bytes"] > p["prompt_tokens"] for p in points)
     assert doc["decode_tps"] > 0 and doc["decode_note"] is None
     cal = Calibration.from_json(doc)
     advice = doc["advice"]

@@ -53,6 +53,7 @@ class Point:
     prompt_tokens: int
     prefill_s: float
     cached_tokens: int | None = None
+    prompt_bytes: int | None = None  # the request body's size: how bytes on a socket read as tokens
 
 
 @dataclass(frozen=True)
@@ -204,9 +205,11 @@ def run_calibration(
     for size in sorted(sizes):
         words = max(1, int(size / per_word))
         say(f"prefilling about {size} tokens ...")
-        snap = measure(server, filler(words, secrets.token_hex(8)), 1, timeout)
+        text = filler(words, secrets.token_hex(8))
+        snap = measure(server, text, 1, timeout)
         assert snap.ttft is not None
-        point = Point(snap.prompt_tokens or size, round(snap.ttft, 4), snap.cached_tokens)
+        sent = len(json.dumps({"messages": [{"role": "user", "content": text}]}).encode())
+        point = Point(snap.prompt_tokens or size, round(snap.ttft, 4), snap.cached_tokens, sent)
         points.append(point)
         say(f"  {point.prompt_tokens} tokens: first token after {point.prefill_s:.2f} s")
     say("decoding a longer answer ...")

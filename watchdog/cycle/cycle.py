@@ -29,6 +29,8 @@ from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.cause import NO_PROGRESS, WORDS, Cause, budget_spent, recurring
 from mlx_watchdog.judge.clearing import Clearing
+from mlx_watchdog.judge.estimate import WorkLeft, curve, work_left
+from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -282,6 +284,7 @@ class Cycle:
             waited_before=self.incident is None or self.incident.waited,
             cancel=self.server.profile.cancel if acts else None,
             cap=self.server.probe.max_busy,
+            left=self._work_left(v.evidence),
         )
         for ended in plan.ended:
             self._record_cure(*ended)
@@ -301,6 +304,14 @@ class Cycle:
         within = round(plan.begins.until - plan.begins.began, 1)
         self.transition(Phase.FAILING, EventKind.CLEARING, said, within_s=within)
         return None
+
+    def _work_left(self, e: Evidence) -> WorkLeft | None:
+        """The abandoned request's work left from its size and the last calibration, where
+        the log says nothing of it."""
+        if e.abandoned_bytes is None or e.prefill_total is not None:
+            return None
+        found = curve(self.store.last_calibration(self.server.name))
+        return work_left(e.abandoned_bytes, e.abandoned_held_s, found)
 
     def _record_cure(self, wait: Clearing, outcome: str, detail: str) -> None:
         action = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from mlx_watchdog.judge import clearing, traffic
 from mlx_watchdog.judge.advice import resend_advice
 from mlx_watchdog.judge.clearing import Clearing, RestartCost
+from mlx_watchdog.judge.estimate import WorkLeft
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.retry import size_label
 from mlx_watchdog.judge.verdict import Verdict
@@ -63,6 +64,7 @@ class LeastCost:
         waited_before: bool,
         cancel: str | None,
         cap: float | None = None,
+        left: WorkLeft | None = None,
     ) -> Plan:
         """The next step for a wedge that triggers: go on, begin a cancel or a wait, or
         restart. `waited_before`: this incident already gave one cheaper cure its chance
@@ -75,7 +77,9 @@ class LeastCost:
             first = sent if self.resent is None else min(self.resent[0], sent)
             gave_up = max(e.gave_up_after_s) if e.gave_up_after_s else None
             self.resent = (first, e.retry_bytes, gave_up)
-        cure = clearing.choose(evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap)
+        cure = clearing.choose(
+            evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap, left=left
+        )
         began, self.clearing = self.clearing, cure.wait
         ended: tuple[Ended, ...] = () if began is None else ((began, "gave up", cure.why),)
         if cure.wait is None:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mlx_watchdog.judge import retry
+from mlx_watchdog.judge.estimate import WorkLeft
 from mlx_watchdog.judge.evidence import Evidence
 
 DEFAULT_RESTART_S = 30.0  # a restart's cost until one was measured here (a mid-size model)
@@ -107,11 +108,13 @@ def choose(
     *,
     cancel: str | None = None,
     cap: float | None = None,
+    left: WorkLeft | None = None,
 ) -> Cure:
     """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the cure under
     way. `cancel`: the kind's cancel style ("by_id": by request id, so only requests older
     than every live client are cancelled; "abort_all": only when no live client is there).
-    `cap`: the longest one incident waits whatever the costs say (the server's max_busy)."""
+    `cap`: the longest one incident waits whatever the costs say (the server's max_busy);
+    `left`: the work left where the log says nothing of it (judge/estimate.py)."""
     if clearing is not None and clearing.cancel:
         return _after_cancel(clearing, now)
     cost = counting_work(cost, e, now - (clearing.began if clearing else now), clearing)
@@ -122,9 +125,9 @@ def choose(
     cancellable = (e.abandoned_connections or 0) >= 1 and (
         by_id or (cancel == "abort_all" and live == 0)
     )
-    wait, why_not = _plan_wait(e, clearing, cost, now, cap)
+    wait, why_not = _plan_wait(e, clearing, cost, now, cap, left)
     if wait is not None and (not cancellable or wait.until - now - wait.margin <= CANCEL_S):
-        return Cure(wait, _waiting(e, wait, clearing, cost, now))
+        return Cure(wait, _waiting(e, wait, clearing, cost, now, left))
     if cancellable and cost.seconds > CANCEL_S:
         fresh = Clearing(now, now + CANCEL_VERIFY_S, e.prefill_total or 0, cost, cancel=True)
         return Cure(
@@ -134,14 +137,19 @@ def choose(
             f"restarting if it has not served within {CANCEL_VERIFY_S:.0f} s",
         )
     if wait is not None:
-        return Cure(wait, _waiting(e, wait, clearing, cost, now))
+        return Cure(wait, _waiting(e, wait, clearing, cost, now, left))
     if clearing is not None:
         return Cure(None, f"{clearing.waited(now)}, then {why_not}")
     return Cure(None, f"restarting rather than waiting: {why_not}")
 
 
 def _plan_wait(
-    e: Evidence, clearing: Clearing | None, cost: RestartCost, now: float, cap: float | None
+    e: Evidence,
+    clearing: Clearing | None,
+    cost: RestartCost,
+    now: float,
+    cap: float | None,
+    left: WorkLeft | None,
 ) -> tuple[Clearing | None, str]:
     """The wait worth making now (None, and why not), judged afresh each tick from what the log
     says: its end moves with the prefill's rate, within the incident's bound."""
@@ -163,6 +171,9 @@ def _plan_wait(
         idle = _idle(e)
         if idle is not None:
             return None, idle
+        if left is not None and not cost.destroyed and left.lo >= cost.total:
+            # Even its least is more than the restart: no client needs the work done.
+            return None, f"{left.why}: more than a restart; {cost.describe()}"
         return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
@@ -193,7 +204,12 @@ def _plan_wait(
 
 
 def _waiting(
-    e: Evidence, wait: Clearing, clearing: Clearing | None, cost: RestartCost, now: float
+    e: Evidence,
+    wait: Clearing,
+    clearing: Clearing | None,
+    cost: RestartCost,
+    now: float,
+    left: WorkLeft | None,
 ) -> str:
     victims = _victims(e)
     if clearing is not None:
@@ -204,8 +220,10 @@ def _waiting(
             said += f"; waiting up to {wait.until - now:.0f} s more: {cost.describe()}"
         return said + victims
     if not wait.total:
+        guess = f" ({left.why})" if left is not None else ""
         return (
-            f"waiting while it costs less than a restart: {_unknown(e)}; {cost.describe()}; "
+            f"waiting while it costs less than a restart: {_unknown(e)}{guess}; "
+            f"{cost.describe()}; "
             f"restarting if it has not served within {wait.until - now:.0f} s (so the outage "
             f"stays within twice the least possible){victims}"
         )

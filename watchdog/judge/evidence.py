@@ -11,6 +11,7 @@ from typing import Any
 from mlx_watchdog.judge.cause import Diagnosis
 from mlx_watchdog.judge.retry import Retry, retry_of
 from mlx_watchdog.sense.findings import (
+    Client,
     LoadReport,
     ModelsCheck,
     Prefill,
@@ -82,6 +83,8 @@ class Evidence:
     gave_up_after_s: tuple[float, ...] = ()  # how long each departed client had waited
     # A live request resending an abandoned one (judge/retry.py): its size, how soon after
     # its client left, and how long the server has had the abandoned one.
+    abandoned_bytes: int | None = None  # the oldest abandoned request's size, where read
+    abandoned_held_s: float | None = None  # and how long the server has had it
     retry_bytes: int | None = None
     retry_after_s: float | None = None
     retry_held_s: float | None = None
@@ -150,6 +153,7 @@ def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Ev
         oldest_abandoned_s=_r(proc.oldest_abandoned(now)),
         gave_up_after_s=tuple(proc.gave_up_after()),
         **_retry(retry_of(proc.clients, now)),
+        **_oldest_abandoned(proc.clients, now),
         process_error=proc.error or None,
         server_report=load.describe() if load else None,
         server_running=load.running if load else None,
@@ -160,6 +164,15 @@ def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Ev
         cause=str(found.cause) if found else None,
         cause_because=found.because or None if found else None,
     )
+
+
+def _oldest_abandoned(clients: tuple[Client, ...], now: float) -> dict[str, Any]:
+    sized = [c for c in clients if c.status == "abandoned" and c.received is not None]
+    if not sized:
+        return {}
+    oldest = min(sized, key=lambda c: c.sent_at if c.sent_at is not None else c.first_seen)
+    sent = oldest.sent_at if oldest.sent_at is not None else oldest.first_seen
+    return {"abandoned_bytes": oldest.received, "abandoned_held_s": _r(max(0.0, now - sent))}
 
 
 def _retry(found: Retry | None) -> dict[str, Any]:
