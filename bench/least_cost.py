@@ -296,22 +296,29 @@ def retry_loop(work: Path, model: Path) -> str:
 
 class Agent:
     """An agent as the seed's: it sends one prompt with a deadline shorter than its prefill and,
-    each time it gives up (or the connection fails), sends the same prompt again at once."""
+    each time it gives up, sends the same prompt again at once, `attempts` times; a refused or
+    reset connection (a restart) is tried again a second later, within `patience` s, and is no
+    attempt of its own."""
 
-    def __init__(self, url: str, prompt: str, deadline: float, attempts: int) -> None:
+    def __init__(
+        self, url: str, prompt: str, deadline: float, attempts: int, patience: float = 180.0
+    ) -> None:
         self.url, self.prompt, self.deadline, self.attempts = url, prompt, deadline, attempts
+        self.patience = patience
         self.outcomes: list[str] = []
         self.served_after: float | None = None
 
     def run(self) -> Agent:
         began = time.monotonic()
-        for _ in range(self.attempts):
+        while self.outcomes.count("gave up") < self.attempts:
             outcome = send(self.url, self.prompt, timeout=self.deadline)
             self.outcomes.append(outcome)
             if outcome == "served":
                 self.served_after = round(time.monotonic() - began, 1)
                 break
             if outcome == "error":  # refused or reset: the server is restarting
+                if time.monotonic() - began > self.patience:
+                    break
                 time.sleep(1.0)
         return self
 
@@ -388,10 +395,13 @@ def seed_case(
 
 
 def show_seed(r: dict[str, Any]) -> None:
+    tries = r["attempts"].count("gave up") + 1
+    errors = r["attempts"].count("error")
+    refused = f" ({errors} refused or reset)" if errors else ""
     served = (
-        f"served at attempt {len(r['attempts'])}, {r['served_after_s']:.1f} s after the first send"
+        f"served at attempt {tries}{refused}, {r['served_after_s']:.1f} s after the first send"
         if r["served_after_s"] is not None
-        else f"never served in {len(r['attempts'])} attempts"
+        else f"never served: gave up {tries - 1} times{refused}"
     )
     print(
         f"{r['case']:>34} {r['mode']:>15}: {served}; restarts {r['restarted']} "

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import socketserver
 import struct
@@ -39,6 +40,19 @@ USAGE = {
 
 def sse(obj: object) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+GPU_HUNG = threading.Event()  # SIGUSR1: a command buffer that never completes
+
+
+def busy(seconds: float) -> None:
+    """Compute for `seconds`, as a prefill does: the process's CPU shows it. Once the GPU hangs
+    (SIGUSR1), it waits for good, idle, as a process whose Metal command buffer never ends."""
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        if GPU_HUNG.is_set():
+            threading.Event().wait()
+        sum(range(2000))
 
 
 def head(status: int, ctype: str, reason: str = "OK") -> bytes:
@@ -314,17 +328,21 @@ class Handler(socketserver.BaseRequestHandler):
     def gen_prefill(self, sock: socket.socket) -> None:
         """mlx_lm.server's prefill as its log tells it (0.32.2, the keepalive callback): a
         prompt of a token per 4 bytes of body, 2048 tokens a step at --rate tokens a second,
-        each step logged, one request at a time; a client that left is not noticed. With
-        --stall-at F a long prompt's prefill stops stepping at that share, for good."""
+        each step logged, one request at a time; a client that left is not noticed. It works
+        as the real one does, a core busy all the while (the watchdog believes progress lines
+        only from a working process). With --stall-at F a long prompt's prefill stops stepping
+        at that share, for good, still busy (a livelock)."""
         srv, total = self.server, max(1, len(self.body) // 4)
         with srv.slot:
             done = 0
             logging.info("Prompt processing progress: %d/%d", done, total)
             while done < total:
                 if srv.stall_at and total > 2048 and done >= srv.stall_at * total:
-                    srv.stop.wait()
+                    while not srv.stop.is_set():
+                        busy(0.05)
+                    return
                 n = min(2048, total - done)
-                time.sleep(n / srv.rate)
+                busy(n / srv.rate)
                 done += n
                 logging.info("Prompt processing progress: %d/%d", done, total)
             with contextlib.suppress(OSError):
@@ -576,6 +594,7 @@ def main() -> None:
         "--busy-generation", action="store_true", help="its generation thread works (half a core)"
     )
     args = parser.parse_args()
+    signal.signal(signal.SIGUSR1, lambda *_: GPU_HUNG.set())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
     server.rate, server.stall_at, server.lying = args.rate, args.stall_at, args.lying

@@ -95,14 +95,24 @@ def test_ordinary_lines_are_not_failures() -> None:
 
 def test_each_cause_from_what_decides_it() -> None:
     died = LogError("thread_gone", "mlx_lm.server generation thread died: boom")
-    assert diagnose(WEDGED, Signs(errors=(died,))).cause is Cause.THREAD_GONE
+    still = (0.5, 0.0, 1.2)  # the process idle over the wait: what no client writes
+    said_died = diagnose(WEDGED, Signs(errors=(died,), idle_cpu=still))
+    assert said_died.cause is Cause.THREAD_GONE
+    assert said_died.because.endswith("; the process idle and nothing moving")
     answer = replace(WEDGED, state="dead", answer='{"error": "generation thread died"}')
     assert diagnose(answer, Signs()).cause is Cause.THREAD_GONE
     no_thread = Signs(stack=StackSample((MAIN,)))
     assert diagnose(WEDGED, no_thread).cause is Cause.THREAD_GONE
     metal = LogError("metal", "[metal::malloc] Resource limit (499000) exceeded")
-    said = diagnose(WEDGED, Signs(errors=(metal,)))
+    said = diagnose(WEDGED, Signs(errors=(metal,), idle_cpu=still))
     assert said.cause is Cause.METAL_ERROR and "Resource limit" in said.because
+    for held, facts in (
+        ("it answers the probe wrongly", replace(WEDGED, state="dead")),
+        ('/health answers 503 "unavailable"', replace(WEDGED, health_unavailable=True)),
+        ("its process is gone", replace(WEDGED, state="down", gone=True)),
+    ):
+        named = diagnose(facts, Signs(errors=(metal,)))
+        assert named.cause is Cause.METAL_ERROR and named.because.endswith(held)
     idle = Signs(stack=StackSample((MAIN, GEN)), idle_cpu=(0.5, 0.0, 1.2))
     deadlock = diagnose(WEDGED, idle)
     assert deadlock.cause is Cause.DEADLOCK and "eval" in deadlock.because
@@ -119,8 +129,11 @@ def test_the_servers_own_words_outrank_the_sockets() -> None:
     """A thread that died with a client still connected is not an abandoned prefill: waiting
     for that client's work would wait for nothing."""
     died = LogError("thread_gone", "generation thread died: x")
-    facts = replace(WEDGED, abandoned=1)
+    facts = replace(WEDGED, abandoned=1, health_unavailable=True)
     assert diagnose(facts, Signs(errors=(died,))).cause is Cause.THREAD_GONE
+    # The line alone, as any client can have it logged: the sockets decide.
+    alone = diagnose(replace(WEDGED, abandoned=1), Signs(errors=(died,)))
+    assert alone.cause is Cause.ABANDONED_PREFILL
 
 
 # Each alone is weak: another server version names its thread otherwise, an idle process may
@@ -135,6 +148,15 @@ WEAK_SIGNS: dict[str, tuple[Facts, Signs]] = {
         Signs(stack=StackSample((MAIN,))),
     ),
     "an idle CPU": (WEDGED, Signs(idle_cpu=(0.0, 0.0, 0.0, 0.0))),
+    # A log line, even in the server's own shape, may be a client's (a raw body, a newline).
+    "a log line of the thread's death alone": (
+        WEDGED,
+        Signs(errors=(LogError("thread_gone", "mlx_lm.server generation thread died: x"),)),
+    ),
+    "a Metal line alone, the process working": (
+        WEDGED,
+        Signs(errors=(LogError("metal", "[metal::malloc] Resource limit (1) exceeded"),)),
+    ),
     "the generation thread, idle, too few looks": (
         WEDGED,
         Signs(stack=StackSample((MAIN, GEN)), idle_cpu=(0.0, 0.0)),

@@ -151,6 +151,11 @@ def test_a_resent_prompt_worked_on_forever_is_waited_for_no_longer_than_max_busy
     )
 
 
+def test_one_idle_look_is_a_pause_not_a_stop() -> None:
+    cure = choose(resent(15.0, cpu=0.0, idle_looks=2), RestartCost(3.0, 2), None, now=100.0)
+    assert cure.wait is not None and cure.wait.cost.destroyed == 0.0
+
+
 def test_work_not_known_to_run_is_not_counted() -> None:
     """A process whose CPU is not known yet does no work a restart could be said to destroy."""
     cure = choose(resent(15.0, cpu=None), RestartCost(3.0, 2), None, now=100.0)
@@ -161,8 +166,11 @@ def test_work_not_known_to_run_is_not_counted() -> None:
 @pytest.mark.parametrize(
     ("evidence", "why"),
     [
-        (resent(15.0, cpu=0.0), "the process is idle (CPU 0.0%), so no abandoned work is running"),
-        (resent(15.0, cpu=1.0), "the process is idle (CPU 1.0%)"),
+        (
+            resent(15.0, cpu=0.0, idle_looks=3),
+            "the process is idle (3 looks in a row, CPU 0.0% now), so no abandoned work is running",
+        ),
+        (prefilling(16_000, 20_000, idle_looks=4), "the process is idle (4 looks in a row"),
         (Evidence(live_connections=0), "no client left work behind (no abandoned request)"),
     ],
 )

@@ -6,7 +6,9 @@ mlx_lm.server does, run by the daemon (manager = "process") so the daemon reads 
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -303,7 +305,9 @@ def test_a_metal_error_during_the_wait_ends_it_in_a_restart_at_once(
     tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
 ) -> None:
     """Waiting for a prefill is the cure only while the prefill can finish: a Metal error in
-    its log says it cannot, and the wait becomes a restart that names the line."""
+    its log, with the process gone idle (a command buffer that never completes: no client can
+    write that), says it cannot, and the wait becomes a restart that names the line. The line
+    alone, the prefill still working, is what any client can have logged: the wait goes on."""
     port = free_port()
     t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
     until(lambda: healthy(t), 30, "the server to serve")
@@ -311,6 +315,12 @@ def test_a_metal_error_during_the_wait_ends_it_in_a_restart_at_once(
     until(lambda: "clearing" in kinds(t), 30, "a wait for the abandoned prefill")
     with (tmp_path / "server.log").open("a") as fh:
         fh.write("libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded\n")
+    looked = len(t.daemon.store.probes("owned", 0.0))
+    until(lambda: len(t.daemon.store.probes("owned", 0.0)) >= looked + 2, 30, "two more looks")
+    assert kinds(t) == ["detected", "clearing"]
+    pid = t.daemon.cycles["owned"].manager.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGUSR1)  # its GPU hangs: idle from now on, its prefill stepping no more
     until(lambda: "recovered" in kinds(t), 30, "the restart to serve")
     assert kinds(t) == ["detected", "clearing", "restarting", "recovered"]
     restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")

@@ -25,6 +25,17 @@ def line(at: float, done: int, total: int) -> str:
     )
 
 
+def reader_of(log: Path, text: str, wall: float = T0) -> LogProgress:
+    """A reader that looked first (nothing in a log before the watchdog's start is current),
+    then `text` written to the log."""
+    log.touch()
+    reader = LogProgress(log, wall=lambda: wall)
+    assert reader.read() is None
+    with log.open("a") as fh:
+        fh.write(text)
+    return reader
+
+
 def test_a_prefill_is_read_as_it_is_written_with_its_rate(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("2026-12-03 19:34:39,000 - INFO - Starting httpd at 127.0.0.1 on port 8080\n")
@@ -47,8 +58,7 @@ def test_a_prefill_is_read_as_it_is_written_with_its_rate(tmp_path: Path) -> Non
 
 def test_another_request_starts_a_new_prefill_and_a_finished_one_says_so(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
-    log.write_text(line(T0, 2048, 4096) + line(T0 + 1, 4096, 4096))
-    reader = LogProgress(log, wall=lambda: T0 + 2)
+    reader = reader_of(log, line(T0, 2048, 4096) + line(T0 + 1, 4096, 4096), T0 + 2)
     said = reader.read()
     assert said is not None and said.finished and said.left_s == 0.0
     with log.open("a") as fh:
@@ -64,14 +74,15 @@ def test_interleaved_requests_are_followed_each_and_the_latest_long_one_told(
     """A batched server logs its requests' steps in turn; the probe's own short prompt
     (0/30, 30/30) between them does not hide the long prefill nor reset its rate."""
     log = tmp_path / "server.log"
-    log.write_text(
+    reader = reader_of(
+        log,
         line(T0, 0, 19000)
         + line(T0 + 1, 2048, 19000)
         + line(T0 + 1.5, 0, 30)
         + line(T0 + 2, 4096, 19000)
-        + line(T0 + 2.2, 30, 30)
+        + line(T0 + 2.2, 30, 30),
+        T0 + 3,
     )
-    reader = LogProgress(log, wall=lambda: T0 + 3)
     said = reader.read()
     assert said is not None and (said.done, said.total) == (4096, 19000)
     assert (said.rate_tps, said.step_s, said.age_s) == (2048.0, 1.0, 1.0)
@@ -80,16 +91,14 @@ def test_interleaved_requests_are_followed_each_and_the_latest_long_one_told(
     said = reader.read()
     assert said is not None and (said.done, said.rate_tps) == (2048, 2048.0)
     # Only short prompts: the latest one is told.
-    short = LogProgress(tmp_path / "short.log", wall=lambda: T0 + 3)
-    (tmp_path / "short.log").write_text(line(T0, 0, 30) + line(T0 + 1, 30, 30))
+    short = reader_of(tmp_path / "short.log", line(T0, 0, 30) + line(T0 + 1, 30, 30), T0 + 3)
     said = short.read()
     assert said is not None and said.finished and said.total == 30
 
 
 def test_a_rotated_or_truncated_log_is_read_from_its_start(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
-    log.write_text(line(T0, 2048, 9000) * 50)
-    reader = LogProgress(log, wall=lambda: T0)
+    reader = reader_of(log, line(T0, 2048, 9000) * 50)
     assert reader.read() is not None
     log.rename(tmp_path / "server.log.1")
     log.write_text(line(T0 + 5, 1024, 3000))
@@ -132,6 +141,33 @@ def test_lines_that_are_not_a_progress_step_are_not_believed(tmp_path: Path, tex
     assert LogProgress(log).read() is None
 
 
+def test_what_the_log_held_before_the_first_look_or_a_restart_is_not_current(
+    tmp_path: Path,
+) -> None:
+    """A prefill logged days before the watchdog started, or by the server before its restart,
+    is not shown as going now, and a failure line from then is not kept."""
+    log = tmp_path / "server.log"
+    old = (
+        line(T0 - 400_000, 2048, 31_744)
+        + "RuntimeError: [metal::malloc] Resource limit (1) exceeded\n"
+    )
+    log.write_text(old)
+    reader = LogProgress(log, wall=lambda: T0)
+    assert reader.read() is None and reader.errors == []
+    with log.open("a") as fh:
+        fh.write(line(T0, 2048, 9000) + "[METAL] Command buffer execution failed\n")
+    said = reader.read()
+    assert said is not None and said.total == 9000 and len(reader.errors) == 1
+    reader.restarted()  # the server (re)started: its log so far is the old process's
+    with log.open("a") as fh:
+        fh.write(line(T0 + 1, 4096, 9000))
+    assert reader.read() is None and reader.errors == []
+    with log.open("a") as fh:
+        fh.write(line(T0 + 2, 1024, 5000))
+    said = reader.read()
+    assert said is not None and said.total == 5000
+
+
 def test_a_missing_or_unreadable_log_is_a_finding(tmp_path: Path) -> None:
     reader = LogProgress(tmp_path / "none.log")
     assert reader.read() is None and reader.problem is not None
@@ -142,9 +178,9 @@ def test_a_missing_or_unreadable_log_is_a_finding(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo.log")  # a reader that opened it blocking would wait forever
     reader = LogProgress(tmp_path / "fifo.log")
     assert reader.read() is None and "not a regular file" in (reader.problem or "")
-    (tmp_path / "real.log").write_text(line(T0, 1, 2))
+    (tmp_path / "real.log").write_text("")
     (tmp_path / "link.log").symlink_to(tmp_path / "real.log")  # a link to a log is read
-    said = LogProgress(tmp_path / "link.log", wall=lambda: T0).read()
+    said = reader_of(tmp_path / "link.log", line(T0, 1, 2)).read()
     assert said is not None and said.total == 2
     assert LogProgress(None).read() is None
 
@@ -197,17 +233,17 @@ def test_a_long_prefill_that_stopped_while_the_log_went_on_is_not_told_as_going(
 ) -> None:
     """A request cancelled mid-prefill never logs its end; later lines tell the present."""
     log = tmp_path / "server.log"
-    log.write_text(
+    text = (
         line(T0, 0, 19000)
         + line(T0 + 1, 2048, 19000)  # then nothing more of it: cancelled
         + line(T0 + 100, 0, 30)
         + line(T0 + 100.1, 30, 30)
     )
-    said = LogProgress(log, wall=lambda: T0 + 101).read()
+    said = reader_of(log, text, T0 + 101).read()
     assert said is not None and (said.done, said.total) == (30, 30)
     # An old finished long prompt does not hide a newer short one either.
-    log.write_text(line(T0, 0, 19000) + line(T0 + 9, 19000, 19000) + line(T0 + 50, 0, 30))
-    said = LogProgress(log, wall=lambda: T0 + 51).read()
+    text = line(T0, 0, 19000) + line(T0 + 9, 19000, 19000) + line(T0 + 50, 0, 30)
+    said = reader_of(tmp_path / "other.log", text, T0 + 51).read()
     assert said is not None and (said.done, said.total) == (0, 30)
 
 
@@ -223,8 +259,8 @@ LLAMA_LINES = (  # llama-server b11434, a 1500-word prompt on the tests' tiny GG
 
 def test_llama_servers_per_slot_progress_is_read_too(tmp_path: Path) -> None:
     log = tmp_path / "llama.log"
-    log.write_text("main: server is listening on http://127.0.0.1:8081\n" + "".join(LLAMA_LINES))
-    reader = LogProgress(log, wall=lambda: T0)
+    text = "main: server is listening on http://127.0.0.1:8081\n" + "".join(LLAMA_LINES)
+    reader = reader_of(log, text)
     said = reader.read()
     assert said is not None and said.done == 8192 and said.total == round(8192 / 0.70)
     # Its times count from the server's start: the newest line is taken as just written.
@@ -243,8 +279,8 @@ def test_the_rate_is_the_last_steps_one_as_a_long_prefill_slows(tmp_path: Path) 
     log = tmp_path / "server.log"
     # 2048 tokens a second for four steps, then a step every 2 s: the context grew.
     times = [0, 1, 2, 3, 5, 7, 9]
-    log.write_text("".join(line(T0 + t, 2048 * (i + 1), 30_000) for i, t in enumerate(times)))
-    said = LogProgress(log, wall=lambda: T0 + 9).read()
+    text = "".join(line(T0 + t, 2048 * (i + 1), 30_000) for i, t in enumerate(times))
+    said = reader_of(log, text, T0 + 9).read()
     assert said is not None and said.rate_tps == 1024.0  # not 1,593: the whole span's
 
 
@@ -257,8 +293,7 @@ def test_a_prefill_that_slows_with_its_context_is_told_its_longer_end(tmp_path: 
     for i, tau in enumerate(per_token):
         at += tau * 2048
         lines.append(line(T0 + at, 2048 * (i + 1), 30_000))
-    log.write_text("".join(lines))
-    said = LogProgress(log, wall=lambda: T0 + at).read()
+    said = reader_of(log, "".join(lines), T0 + at).read()
     assert said is not None and said.slowing is not None
     assert said.slowing == pytest.approx(3e-8, rel=0.1)
     constant = (30_000 - said.done) / (said.rate_tps or 1)

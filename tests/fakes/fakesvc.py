@@ -20,8 +20,8 @@
   home for the user manager, `/` for the system one) and as `User=` when the system runs it.
 - Its stdout and stderr go to the journal, a line an entry (a line over journald's LineMax,
   48K, is split), read back with `journalctl` (see `journalctl` below: `--user`, `-u`,
-  `-o cat`, `-n`, `--after-cursor`, `--show-cursor`, `-q`, `--no-pager`; an unknown option or
-  a cursor it did not write fails as journalctl does).
+  `-o cat`, `-n`, `--after-cursor`, `--show-cursor`, `--since @EPOCH`, `-q`, `--no-pager`;
+  an unknown option or a cursor it did not write fails as journalctl does).
 
 State is one JSON file ($FAKE_SVC_STATE) under a lock; every call is appended to $FAKE_SVC_LOG.
 """
@@ -343,6 +343,7 @@ def to_journal(stream: Any, scope: str, unit: str) -> None:
 def journalctl(args: list[str]) -> int:
     """journalctl's reading of a unit's journal, as systemd 252's does it."""
     scope, unit, lines, after, show = "system", None, None, None, False
+    not_before = 0  # --since, in the entries' ns (their seq is the time they were written)
     it = iter(args)
     for a in it:
         if a == "--user":
@@ -355,6 +356,11 @@ def journalctl(args: list[str]) -> int:
             after = next(it, "")
         elif a == "--show-cursor":
             show = True
+        elif a in ("-S", "--since"):
+            value = next(it, "")
+            if not re.fullmatch(r"@\d+(\.\d+)?", value):
+                return err(f"Failed to parse timestamp: {value}", 1)  # this stand-in: @EPOCH
+            not_before = int(float(value[1:]) * 1e9)
         elif a in ("-o", "--output"):
             if next(it, None) != "cat":
                 return err("this stand-in writes -o cat only", 1)
@@ -374,6 +380,8 @@ def journalctl(args: list[str]) -> int:
             with contextlib.suppress(ValueError):
                 e = json.loads(raw)
                 if e["scope"] == scope and e["unit"] == unit and e["seq"] > since:
+                    if e["seq"] < not_before:
+                        continue
                     entries.append(e)
     if lines is not None:  # after a cursor the first N from it; else the last N
         entries = entries[:lines] if after is not None else entries[-lines:] if lines else []

@@ -73,6 +73,7 @@ class Checker:
         self.unread = progress_unread(server)  # once: finding a launchd job's log reads a file
         self.probe: Probe | None = None
         self.served_process: tuple[int, float | None] | None = None  # the last to give a token
+        self.seen_process: tuple[int, float | None] | None = None  # the last look's server
         self.live_seen: float | None = None  # live clients last seen during this probe's wait
         self.models: ModelsCheck | None = None
         self.leak_since: float | None = None  # a single look may race a client's coming
@@ -176,7 +177,10 @@ class Checker:
             self.leak_since = None
         # A reader that costs a process a look (a unit's journal) is read only while it matters.
         wanted = not snap.done or not self.progress.on_demand
+        self._notice_restart(process)
         prefill = self.progress.read() if wanted else None
+        if not wanted:
+            self.progress.fresh = []
         signs = self._signs(snap, pid, process.cpu_percent)
         if snap.finding == ProbeFinding.OK and process.pid is not None:
             self.served_process = (process.pid, process.create_time)
@@ -196,6 +200,17 @@ class Checker:
             live_seen=self.live_seen,
         )
 
+    def _notice_restart(self, process: ProcessSample) -> None:
+        """Another server process than the last look's: its log so far is the old one's."""
+        if process.pid is None:
+            return
+        seen, self.seen_process = self.seen_process, (process.pid, process.create_time)
+        if seen is None:
+            return
+        then, now = seen[1], process.create_time
+        if seen[0] != process.pid or (then is not None and now is not None and abs(then - now) > 1):
+            self.progress.restarted()
+
     def _served(self, process: ProcessSample) -> bool:
         """This very process (PID and start time) gave the watchdog a token."""
         if self.served_process is None or process.pid != self.served_process[0]:
@@ -207,7 +222,9 @@ class Checker:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a
         process), the log's known failures, CPU over the wait, the machine's memory."""
         if snap.finding == ProbeFinding.OK or snap.tokens > 0:
-            self.progress.errors.clear()
+            # Served: what the log said before is answered, but a line read in this very look
+            # may be the server failing right after it (kept for the next verdict).
+            self.progress.errors = list(self.progress.fresh)
             self.cpu_over_wait.clear()
             self.memory.reset()
             self.stacker.forget()

@@ -15,9 +15,12 @@ Each cause has its own cure and its own fix upstream:
 - exited: the process is gone;
 - unknown: nothing decides; an honest value.
 
-A cause is named only from a strong sign (the server's own words: its log, its answer) or from
-two independent weaker ones; one weak sign alone (an idle CPU, a full machine, a stack missing
-a thread) is never enough.
+A cause is named only from a strong sign or from two independent weaker ones; one weak sign alone
+(an idle CPU, a full machine, a stack missing a thread) is never enough. Evidence has an author:
+the server's answer to the watchdog's own request, /health, its stack, its process (CPU, exit)
+are signs no client writes. Its log is written in part by clients (mlx-lm logs a malformed body
+raw, newlines and all, and every request line), so a log line, even one shaped as the server's
+own (sense/signs.py), only corroborates: it names a cause together with a sign no client writes.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ THREAD_DIED = "generation thread died"  # mlx-lm 0.32.2's words, in its log and 
 
 def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
     """The cause the evidence shows; unknown unless a strong sign or two weak ones agree."""
-    for check in (_thread_gone, _metal, _deadlock, _holds_slot, _memory):
+    # A Metal failure first: it is what kills the thread (mlx-lm #1505), the more specific.
+    for check in (_metal, _thread_gone, _deadlock, _holds_slot, _memory):
         found = check(facts, signs)
         if found is not None:
             return found
@@ -102,19 +106,21 @@ def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
 
 
 def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
-    said = next((e.line for e in s.errors if e.kind == "thread_gone"), None)
-    if said is not None:
-        return Diagnosis(Cause.THREAD_GONE, f"its log: {said}")
-    if THREAD_DIED in f.answer.lower():
+    if THREAD_DIED in f.answer.lower():  # its answer to the watchdog's own request
         return Diagnosis(Cause.THREAD_GONE, f"it answers: {f.answer[:160]}")
     # Weak alone: a stack without the thread (another version may name it otherwise), a 503
-    # from a health route (another server may mean something else by it).
+    # from a health route (another server may mean something else by it), a log line (a
+    # client may have written it).
     weak = []
     stack = s.stack
     if f.kind == "mlx_lm" and stack is not None and stack.threads and stack.generation is None:
         weak.append(f"its stack ({stack.tool}) has no generation thread")
     if f.kind == "mlx_lm" and f.health_unavailable:
         weak.append('/health answers 503 "unavailable"')
+    said = next((e.line for e in s.errors if e.kind == "thread_gone"), None)
+    if said is not None and (weak or _still(f, s)):
+        held = weak[0] if weak else "the process idle and nothing moving"
+        return Diagnosis(Cause.THREAD_GONE, f"its log: {said}; {held}")
     if len(weak) == 2:
         return Diagnosis(Cause.THREAD_GONE, "; ".join(weak))
     if weak and f.answered and f.state == "wedged" and not f.progressing and not f.abandoned:
@@ -123,8 +129,34 @@ def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
 
 
 def _metal(f: Facts, s: Signs) -> Diagnosis | None:
+    """A Metal failure the log names, held up by a sign no client writes: the server answered
+    the watchdog's own request wrongly (dead), its process is gone, its health route or stack
+    lost the generation thread, or it sits idle with nothing moving."""
     said = next((e.line for e in s.errors if e.kind == "metal"), None)
-    return None if said is None else Diagnosis(Cause.METAL_ERROR, f"its log: {said}")
+    if said is None:
+        return None
+    stack = s.stack
+    if f.state == "dead":
+        held = "it answers the probe wrongly"
+    elif f.gone:
+        held = "its process is gone"
+    elif f.health_unavailable:
+        held = '/health answers 503 "unavailable"'
+    elif f.kind == "mlx_lm" and stack is not None and stack.threads and stack.generation is None:
+        held = f"its stack ({stack.tool}) has no generation thread"
+    elif _still(f, s):
+        held = "the process idle and nothing moving"
+    else:
+        return None
+    return Diagnosis(Cause.METAL_ERROR, f"its log: {said}; {held}")
+
+
+def _still(f: Facts, s: Signs) -> bool:
+    """Nothing works in it now: its last few looks idle and no progress (abandoned requests or
+    not: an idle process is not computing them)."""
+    last = s.idle_cpu[-MIN_IDLE_READINGS:]
+    idle_now = len(last) == MIN_IDLE_READINGS and all(cpu < f.idle_below for cpu in last)
+    return f.state == "wedged" and idle_now and not f.progressing
 
 
 def _deadlock(f: Facts, s: Signs) -> Diagnosis | None:

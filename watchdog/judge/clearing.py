@@ -41,6 +41,7 @@ CANCEL_VERIFY_S = 15.0  # after a cancel, a token within this long or a restart
 CANCEL_S = 2.0  # a cancel's expected cost: its calls, and a token after them
 IDLE_CPU = 1.0  # at or below this share of a core the process is not working (a GPU-bound
 # prefill on Metal shows little CPU, so "working" is any more than idle)
+IDLE_LOOKS = 3  # idle this many looks in a row (as judge/cause.py): one is a pause, not a stop
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,11 @@ def _plan_wait(
             return None, f"the wait reached max_busy ({cap:.0f} s); {cost.describe()}"
     if now >= bound:
         return None, f"waiting longer would cost more than the restart; {cost.describe()}"
+    # Progress lines count only while an abandoned request exists and the process works: a
+    # client can write such lines into the log (a logged body), the process's CPU it cannot.
+    idle = _idle(e)
+    if idle is not None:
+        return None, idle
     if e.prefill_total is None or e.prefill_done is None or e.prefill_done >= e.prefill_total:
         # Nothing new in the log, or the prefill is done and the server decodes for the
         # client that left: a wait for a prefill goes on to the end it was given; past it, or
@@ -168,9 +174,6 @@ def _plan_wait(
         # the wait costs less than the restart.
         if clearing is not None and clearing.total and now < clearing.until:
             return clearing, ""
-        idle = _idle(e)
-        if idle is not None:
-            return None, idle
         if left is not None and not cost.destroyed and left.lo >= cost.total:
             # Even its least is more than the restart: no client needs the work done.
             return None, f"{left.why}: more than a restart; {cost.describe()}"
@@ -292,10 +295,10 @@ def _idle(e: Evidence) -> str | None:
     """Why no work is running that a wait could see end, or None: there may be."""
     if not e.abandoned_connections:
         return "no client left work behind (no abandoned request), so waiting would end nothing"
-    if e.cpu_percent is not None and e.cpu_percent <= IDLE_CPU:
+    if e.idle_looks >= IDLE_LOOKS:
         return (
-            f"the process is idle (CPU {e.cpu_percent:.1f}%), so no abandoned work is running "
-            "that waiting would see end"
+            f"the process is idle ({e.idle_looks} looks in a row, CPU {e.cpu_percent or 0:.1f}% "
+            "now), so no abandoned work is running that waiting would see end"
         )
     return None
 

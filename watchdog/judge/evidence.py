@@ -75,6 +75,7 @@ class Evidence:
     cmdline_matches: bool | None = None
     process_age_s: float | None = None
     cpu_percent: float | None = None
+    idle_looks: int = 0  # the last looks over the probe's wait in a row that found it idle
     rss_bytes: int | None = None
     abandoned_connections: int | None = None
     live_connections: int | None = None
@@ -125,8 +126,11 @@ class Evidence:
         return cls(**values)
 
 
-def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Evidence:
+def evidence(
+    obs: Observation, now: float, found: Diagnosis | None = None, *, idle_below: float = 1.0
+) -> Evidence:
     probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
+    readings = obs.signs.idle_cpu if obs.signs is not None else ()
     return Evidence(
         ttft_s=_r(probe.ttft),
         waited_s=_r(probe.waited(now)),
@@ -146,6 +150,7 @@ def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Ev
         cmdline_matches=proc.matches,
         process_age_s=_r(proc.age(now)),
         cpu_percent=_r(proc.cpu_percent),
+        idle_looks=_idle_looks(readings, idle_below),
         rss_bytes=proc.rss_bytes,
         abandoned_connections=proc.abandoned,
         live_connections=proc.live,
@@ -164,6 +169,16 @@ def evidence(obs: Observation, now: float, found: Diagnosis | None = None) -> Ev
         cause=str(found.cause) if found else None,
         cause_because=found.because or None if found else None,
     )
+
+
+def _idle_looks(readings: tuple[float, ...], below: float) -> int:
+    """How many of the last CPU readings in a row were idle."""
+    n = 0
+    for cpu in reversed(readings):
+        if cpu >= below:
+            break
+        n += 1
+    return n
 
 
 def _oldest_abandoned(clients: tuple[Client, ...], now: float) -> dict[str, Any]:

@@ -50,7 +50,9 @@ def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | No
     found = cause_of(obs, state, settings, now) if state in BAD_STATES else None
     if found is not None and found.cause is not Cause.UNKNOWN:
         reason += f"; cause: {found.describe()}"
-    return Verdict(state, f"{state}: {reason}", evidence(obs, now, found))
+    return Verdict(
+        state, f"{state}: {reason}", evidence(obs, now, found, idle_below=settings.idle_cpu_percent)
+    )
 
 
 def cause_of(obs: Observation, state: State, s: ProbeSettings, now: float) -> Diagnosis:

@@ -9,7 +9,8 @@ llama-server logs its slots' progress too, once a prompt has taken 3 s (see LLAM
 
 The log is read incrementally from where the last look stopped, at most READ_MAX bytes a look
 (a log that grew more is skipped ahead to its last READ_MAX); a rotated or truncated log is read
-from its start. A batched server interleaves the lines of its requests: each prompt size is
+from its start. The first look, and the first after the server (re)started, begins at its end:
+nothing written before the watchdog's start or the server's is current. A batched server interleaves the lines of its requests: each prompt size is
 followed on its own, and the latest long one is what is told. With `--draft-model` mlx-lm logs
 no such lines (speculative decoding drops the progress callback), and then there is no progress
 to read, which is said, never guessed.
@@ -104,12 +105,17 @@ class LogProgress:
         self.path = path
         self.wall = wall
         self.problem: str | None = None  # why the log could not be read (a finding)
-        self._offset: int | None = None  # None: not read yet (start near its end)
+        self._offset: int | None = None  # None: not read yet
         self._inode: int | None = None
+        # Nothing written before the watchdog's start, or before the server's (re)start, is
+        # current: the first look (and the first after `restarted`) starts at the log's end.
+        self._skip = True
         # The prefills in the log's last lines, by prompt size, the one stepped last at the end.
         self._prefills: dict[object, list[_Step]] = {}
-        # Known failures the log named since the server last served (the caller clears them).
+        # Known failures the log named since the server last served (the caller clears them),
+        # and those the last look read: kept when that look also saw a token.
         self.errors: list[LogError] = []
+        self.fresh: list[LogError] = []
 
     on_demand = False  # True: read only while the probe waits (each look costs a process)
 
@@ -117,8 +123,15 @@ class LogProgress:
     def where(self) -> str:
         return f"the server's log {self.path}"
 
+    def restarted(self) -> None:
+        """The server (re)started: what its log said before is not about this process."""
+        self._skip = True
+        self._prefills = {}
+        self.errors, self.fresh = [], []
+
     def read(self) -> Prefill | None:
         """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
+        self.fresh = []
         try:
             chunk = self._fetch()
         except OSError as exc:
@@ -137,6 +150,7 @@ class LogProgress:
                 found = log_error(line.decode("utf-8", errors="replace"))
                 if found is not None:
                     self.errors = [*self.errors[-(ERRORS_KEPT - 1) :], found]
+                    self.fresh = [*self.fresh[-(ERRORS_KEPT - 1) :], found]
         steps = [step for line in chunk.split(b"\n") if (step := _step(line)) is not None]
         # llama-server's times count from its start: its newest line is taken as written at
         # this look (read each tick, so at most an interval late), the others before it.
@@ -153,9 +167,13 @@ class LogProgress:
         # text kept in the history, follows none).
         with open_regular(path) as fh:
             st = os.fstat(fh.fileno())
+            if self._skip:
+                # The first look, or the first since the server (re)started: from the end.
+                self._skip, self._inode, self._offset = False, st.st_ino, st.st_size
+                return b""
             if st.st_ino != self._inode or self._offset is None or st.st_size < self._offset:
-                # First look, a rotated log or a truncated one: from near its end, or its start.
-                start = max(0, st.st_size - READ_MAX) if self._offset is None else 0
+                # A rotated log or a truncated one: from its start.
+                start = 0
                 self._inode, self._prefills = st.st_ino, {}
             else:
                 start = max(self._offset, st.st_size - READ_MAX)
@@ -220,6 +238,12 @@ class JournalProgress(LogProgress):
         self._cursor: str | None = None
         self._looked: float | None = None
         self._tail = JOURNAL_TAIL  # fewer after a look that READ_MAX cut before its cursor
+        self._since = wall()  # what the journal holds from before is not current
+        self._skip = False  # the journal is read by time instead
+
+    def restarted(self) -> None:
+        super().restarted()
+        self._skip, self._since, self._cursor = False, self.wall(), None
 
     @property
     def where(self) -> str:
@@ -232,7 +256,9 @@ class JournalProgress(LogProgress):
         argv = ["journalctl", "--user", "-u", self.unit, "-o", "cat", "-q", "--no-pager"]
         argv += ["--show-cursor", "-n", str(self._tail if fresh else JOURNAL_LINES)]
         if fresh:
+            # Nothing from before the watchdog's start or the server's (re)start is current.
             self._prefills = {}
+            argv += ["--since", f"@{int(self._since)}"]
         else:
             argv += ["--after-cursor", str(self._cursor)]
         code, out, err = bounded_run(argv, cap=READ_MAX, timeout=JOURNAL_TIMEOUT)

@@ -11,19 +11,40 @@ from dataclasses import dataclass
 from mlx_watchdog.sense.text import printable
 
 LINE_MAX = 300
+# Where a line is the server's or its runtime's own words: at its start, after at most the
+# logger's prefix (mlx_lm.server's "%(asctime)s - %(levelname)s - "), a Python exception's
+# type, or libc++abi's "terminating ..." Inside a logged request (a request line, a raw body)
+# a failure's words are a client's; a client that writes a newline into a logged body can still
+# start a line, so a line only corroborates (judge/cause.py): it never names a cause alone.
+_START = (
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - (?:ERROR|CRITICAL|WARNING) - )?"
+    r"(?:libc\+\+abi: [^\[]*|\w*(?:Error|Exception): )?"
+)
 # Lines servers write when they fail, each from its report or source:
 LOG_ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    # mlx-lm 0.32.2 server.py, ResponseGenerator._run_generate
-    ("thread_gone", re.compile(r"generation thread died")),
+    # mlx-lm 0.32.2 server.py, ResponseGenerator._run_generate: logging.exception(
+    # f"mlx_lm.server generation thread died: {e}")
+    ("thread_gone", re.compile(_START + r"(?:mlx_lm\.server )?generation thread died")),
     # mlx-lm #1505, #1644, #831: "[metal::malloc] Resource limit (499000) exceeded"
-    ("metal", re.compile(r"\[metal::\w+\]|Resource limit \(\d+\) exceeded")),
+    ("metal", re.compile(_START + r"(?:\[metal::\w+\]|\[METAL\]|Resource limit \(\d+\) exceeded)")),
     # oMLX #2029, Ollama #17902, exo #1429: command buffer timeouts
-    ("metal", re.compile(r"kIOGPUCommandBufferCallbackError\w*|GPU Timeout Error")),
-    # mlx-lm #883, #1666, mlx #3186: IOGPUMemory panics; llama.cpp's Metal backend
-    ("metal", re.compile(r"IOGPUMemory|ggml_metal\w*: command buffer \d+ failed")),
+    (
+        "metal",
+        re.compile(
+            _START + r"(?:command buffer exited with error status\. )?"
+            r"(?:kIOGPUCommandBufferCallbackError\w*|GPU Timeout Error)"
+        ),
+    ),
+    # mlx-lm #883, #1666, mlx #3186: IOGPUMemory assertions and panics; llama.cpp's Metal backend
+    ("metal", re.compile(r"^(?:panic\(cpu \d+ caller [^)]*\): |\S*)IOGPUMemory\.cpp:\d+")),
+    ("metal", re.compile(_START + r"ggml_metal\w*: command buffer \d+ failed")),
 )
 
-_ANY = re.compile(b"|".join(p.pattern.encode() for _, p in LOG_ERRORS))
+_FORMS = (
+    r"generation thread died|\[metal::|\[METAL\]|Resource limit|kIOGPUCommandBuffer|"
+    r"GPU Timeout Error|IOGPUMemory|ggml_metal"
+)
+_ANY = re.compile(_FORMS.encode())
 
 
 def any_log_error(chunk: bytes) -> bool:
