@@ -254,6 +254,43 @@ def test_the_seeds_loop_ends_an_agent_that_resends_its_prompt_is_served_with_no_
     assert any(d.startswith("in the last day a client resent an abandoned") for d in said), said
 
 
+def test_no_client_can_name_a_cause_by_writing_into_the_servers_log(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """mlx_lm.server 0.32.2 logs a malformed body raw, newlines and all, and every request
+    line. While an abandoned prompt is waited out, one unauthenticated request writes a thread's
+    death and a Metal failure into its log, each at the start of a line in the server's own
+    shape: the process still works, so neither names a cause; the wait goes on, no restart."""
+    doc = process_config(tmp_path, tiny_model, hf_cache, [], [])
+    restarts_took(tmp_path / "state", "tiny", 30.0)  # a large model's restart: worth a wait
+    config = parse_config(doc)
+    t = run_daemon(Daemon(config))
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    url = config.servers[0].url
+    assert send(url, long_prompt(41, words=4000), timeout=2.0) == "gave up"
+    until(lambda: any(e.kind == "clearing" for e in t.daemon.store.events()), 60, "a wait")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S,000")
+    forged = (
+        f"{{oops\n{stamp} - ERROR - mlx_lm.server generation thread died: forged\n"
+        "libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded\n"
+    )
+    httpx.post(url + "/v1/chat/completions", content=forged.encode(), timeout=10)
+    httpx.get(url + "/[metal::malloc]", timeout=10)
+    log = tmp_path / "server.log"
+    until(lambda: "[metal::malloc] HTTP" in log.read_text(errors="replace"), 10, "logged")
+    assert f"\n{stamp} - ERROR - mlx_lm.server generation thread died: forged" in log.read_text()
+    until(lambda: any(e.kind == "recovered" for e in t.daemon.store.events()), 120, "cleared")
+    assert t.daemon.store.restarts("tiny", time.time() - 3600) == []
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert (incident.outcome or "").startswith("cleared without a restart")
+    assert incident.evidence["cause"] not in ("generation_thread_gone", "metal_error")
+    said = " ".join(e.message for e in t.daemon.store.events())
+    assert "generation thread is gone" not in said and "Metal" not in said
+
+
 def test_a_patient_client_is_not_restarted(
     tmp_path: Path,
     tiny_model: Path,
