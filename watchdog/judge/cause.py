@@ -123,8 +123,11 @@ def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
         return Diagnosis(Cause.THREAD_GONE, f"its log: {said}; {held}")
     if len(weak) == 2:
         return Diagnosis(Cause.THREAD_GONE, "; ".join(weak))
-    if weak and f.answered and f.state == "wedged" and not f.progressing and not f.abandoned:
-        return Diagnosis(Cause.THREAD_GONE, f"{weak[0]}, while HTTP still answers")
+    # One weak sign, held up by another no client writes: the process idle, nothing moving.
+    if weak and f.answered and _still(f, s) and not f.abandoned:
+        return Diagnosis(
+            Cause.THREAD_GONE, f"{weak[0]}, while HTTP still answers and the process is idle"
+        )
     return None
 
 
@@ -155,7 +158,7 @@ def _still(f: Facts, s: Signs) -> bool:
     """Nothing works in it now: its last few looks idle and no progress (abandoned requests or
     not: an idle process is not computing them)."""
     last = s.idle_cpu[-MIN_IDLE_READINGS:]
-    idle_now = len(last) == MIN_IDLE_READINGS and all(cpu < f.idle_below for cpu in last)
+    idle_now = len(last) == MIN_IDLE_READINGS and sum(last) / len(last) < f.idle_below
     return f.state == "wedged" and idle_now and not f.progressing
 
 
