@@ -331,16 +331,14 @@ class Handler(socketserver.BaseRequestHandler):
         each step logged, one request at a time; a client that left is not noticed. It works
         as the real one does, a core busy all the while (the watchdog believes progress lines
         only from a working process). With --stall-at F a long prompt's prefill stops stepping
-        at that share, for good, still busy (a livelock)."""
+        at that share, for good, idle."""
         srv, total = self.server, max(1, len(self.body) // 4)
         with srv.slot:
             done = 0
             logging.info("Prompt processing progress: %d/%d", done, total)
             while done < total:
                 if srv.stall_at and total > 2048 and done >= srv.stall_at * total:
-                    while not srv.stop.is_set():
-                        busy(0.05)
-                    return
+                    srv.stop.wait()  # stuck: idle, stepping no more
                 n = min(2048, total - done)
                 busy(n / srv.rate)
                 done += n

@@ -240,6 +240,15 @@ def test_a_wait_is_given_up_past_its_bound_or_on_a_stall() -> None:
     assert over.wait is None and "waiting longer would cost more than the restart" in over.why
     stalled = choose(prefilling(19_000, 20_000, prefill_age_s=12.0), COST, wait, now=105.0)
     assert stalled.wait is None and "logged no step for 12 s" in stalled.why
+    # Quiet in the log while the process works (a batched server steps its prompts in turn):
+    # not a stop, but work of unknown length, waited for within the bound.
+    quiet = prefilling(19_000, 20_000, prefill_age_s=12.0, cpu_percent=100.0)
+    going = choose(quiet, COST, wait, now=105.0)
+    assert going.wait is not None and going.wait.until == pytest.approx(100.0 + 25 + MARGIN_S)
+    fresh = choose(quiet, COST, None, now=105.0)
+    assert fresh.wait is not None and "has logged no step for 12 s while the process works" in (
+        fresh.why
+    )
     # A stall is measured against the prefill's own steps: 3 steps of 5 s are no stall.
     slow = choose(
         prefilling(19_000, 20_000, prefill_age_s=12.0, prefill_step_s=5.0), COST, wait, now=105.0

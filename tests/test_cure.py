@@ -102,7 +102,8 @@ def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
 ) -> None:
     port = free_port()
     # 40,000 tokens at 4,000 tok/s: about 9 s left when judged, so a wait of about 16 s; the
-    # prefill stops at 30% (3 s), and 10 s without a step ends the wait first.
+    # prefill stops at 30% (3 s), its process idle from then: three idle looks (or 10 s
+    # without a step) end the wait first.
     extra = ("--rate", "4000", "--stall-at", "0.3")
     t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port, *extra))))
     until(lambda: healthy(t), 30, "the server to serve")
@@ -113,7 +114,9 @@ def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
     assert kinds(t) == ["detected", "clearing", "restarting", "recovered"]
     assert w.manager.pid() not in (None, first)
     restarting = next(e for e in t.daemon.store.events() if e.kind == "restarting")
-    assert "waited " in restarting.message and "logged no step for " in restarting.message
+    assert "waited " in restarting.message
+    stopped = ("logged no step for ", "then the process is idle (3 looks in a row")
+    assert any(said in restarting.message for said in stopped), restarting.message
     (incident,) = t.daemon.store.incidents(0.0)
     assert [(a["action"], a["outcome"]) for a in incident.actions] == [
         ("wait", "gave up"),

@@ -180,6 +180,10 @@ def _plan_wait(
         return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
+        if e.cpu_percent is not None and e.cpu_percent > IDLE_CPU:
+            # The log went quiet, the process did not (a batched server steps its prompts in
+            # turn): what it works on is unknown, and waited for within the bound.
+            return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
         return None, stalled
     left = e.prefill_left_s
     if left is None:  # one step logged: the next one tells its rate; do not give up before
@@ -307,6 +311,12 @@ def _unknown(e: Evidence) -> str:
     if e.progress_problem:
         return f"the work left cannot be read ({e.progress_problem})"
     if e.prefill_total is not None and e.prefill_done is not None:
+        if e.prefill_done < e.prefill_total:
+            return (
+                f"the prefill in the server's log has logged no step for "
+                f"{e.prefill_age_s or 0:.0f} s while the process works, so what it works on "
+                "is unknown"
+            )
         return (
             "the last prefill in the server's log has finished, and what holds the server "
             "now is not in its log"
