@@ -434,11 +434,13 @@ def show(r: dict[str, Any]) -> None:
     print(f"{'':>30}{r['outcome']}", flush=True)
 
 
-def seed_loops(root: Path, model: Path, delay: float, quick: bool) -> list[dict[str, Any]]:
+def seed_loops(
+    root: Path, model: Path, delay: float, quick: bool, only: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """The seed's loop on each way of serving, with and without the watchdog: the prompt is
     sized once per way (on the server alone), so every mode sends the same prompt."""
     deadline = 5.0 if quick else 10.0
-    servings = ("serial --draft-model",) if quick else tuple(SERVING)
+    servings = only or (("serial --draft-model",) if quick else tuple(SERVING))
     modes = ("alone", "least cost") if quick else ("alone", "least cost", "always restart")
     rows: list[dict[str, Any]] = []
     for serving in servings:
@@ -456,6 +458,10 @@ def main() -> None:
     parser.add_argument("--restart-delay", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="few cases, a 5 s restart")
     parser.add_argument("--only-seed", action="store_true", help="the seed's loop cases only")
+    parser.add_argument("--no-seed", action="store_true", help="leave the seed's loop out")
+    parser.add_argument(
+        "--serving", action="append", choices=tuple(SERVING), help="the seed's loop on these"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     delay = 5.0 if args.quick else args.restart_delay
@@ -465,7 +471,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = build_model(root / "model", heads=2)
-        seeds = seed_loops(root, model, delay, args.quick)
+        seeds = (
+            []
+            if args.no_seed
+            else seed_loops(root, model, delay, args.quick, tuple(args.serving or ()))
+        )
         if not args.only_seed:
             for case in cases:
                 for mode, least_cost in (("least", True), ("always", False)):
