@@ -118,7 +118,7 @@ def choose(
     `left`: the work left where the log says nothing of it (judge/estimate.py)."""
     if clearing is not None and clearing.cancel:
         return _after_cancel(clearing, now)
-    cost = counting_work(cost, e, now - (clearing.began if clearing else now), clearing)
+    cost = counting_work(cost, e, clearing)
     live = e.live_connections
     # By id, live clients are told apart by age, so their count and the oldest's age must
     # be known; all at once, only with none.
@@ -275,9 +275,7 @@ def _victims(e: Evidence) -> str:
     )
 
 
-def counting_work(
-    cost: RestartCost, e: Evidence, waited: float, clearing: Clearing | None
-) -> RestartCost:
+def counting_work(cost: RestartCost, e: Evidence, clearing: Clearing | None) -> RestartCost:
     """The restart's cost with the work it would destroy that a client behind needs: all the
     server has done on the resent prompt so far (the least of what the retry would need again),
     while the process works. Once the resend is no longer seen, what was counted stays."""
