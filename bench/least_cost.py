@@ -54,8 +54,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import free_port, tiny_request
@@ -63,7 +61,7 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.demo.tinymodel import build_model
-from tests.conftest import DaemonThread, until
+from tests.conftest import DaemonThread, ttft, until
 
 WEDGE_AFTER = 4.0
 CLIENT_TIMEOUT = 1.0
@@ -129,17 +127,6 @@ def config(
             ],
         }
     )
-
-
-def ttft(url: str, prompt: str) -> float:
-    """Seconds to the first streamed token of `prompt` (a patient client)."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True}
-    started = time.monotonic()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
-                return time.monotonic() - started
-    raise RuntimeError("no token")
 
 
 def healthy(t: DaemonThread) -> bool:

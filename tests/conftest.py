@@ -336,6 +336,17 @@ def until(check: Callable[[], object], timeout: float, what: str, step: float = 
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def ttft(url: str, prompt: str) -> float:
+    """Seconds to the first streamed token of `prompt` (a patient client)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True}
+    started = time.monotonic()
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return time.monotonic() - started
+    raise RuntimeError("no token")
+
+
 class Receiver:
     """A local webhook that Apprise's json:// URLs post to."""
 

@@ -22,7 +22,7 @@ from mlx_watchdog.demo.run import long_prompt, send, server_command
 from mlx_watchdog.judge.clearing import DEFAULT_RESTART_S, MARGIN_S
 from mlx_watchdog.sense.stack import Stacker
 from tests.builders import restarts_took
-from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, until
+from tests.conftest import DaemonThread, Receiver, free_port, mlx_watchdog, ttft, until
 
 pytestmark = pytest.mark.real_server
 
@@ -194,17 +194,6 @@ def test_an_abandoned_prefill_is_waited_for_and_more_behind_it_within_the_restar
     assert waited <= DEFAULT_RESTART_S + MARGIN_S + 2.0  # the bound, plus an interval or two
     # A restart, if any, is for what the wait would cost; never because clients left.
     assert all("clients left requests behind" not in e.message for e in second)
-
-
-def ttft(url: str, prompt: str) -> float:
-    """Seconds until a patient client's streamed first token."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True}
-    started = time.monotonic()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
-                return time.monotonic() - started
-    raise AssertionError("no token")
 
 
 def test_the_seeds_loop_ends_an_agent_that_resends_its_prompt_is_served_with_no_restart(
