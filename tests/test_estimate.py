@@ -65,7 +65,7 @@ def big(held: float, **kw: object) -> Evidence:
 def test_unread_work_whose_least_is_more_than_a_restart_is_restarted_at_once() -> None:
     e = big(10.0)
     left = work_left(e.abandoned_bytes, e.abandoned_held_s, curve(calibration()))
-    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, left=left)
+    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, estimate=left)
     assert cure.wait is None
     assert cure.why.startswith("restarting rather than waiting: its ~781 KiB request is ")
     assert "90-390 s of it is left: more than a restart; a restart takes about 20 s" in cure.why
@@ -74,7 +74,7 @@ def test_unread_work_whose_least_is_more_than_a_restart_is_restarted_at_once() -
 def test_unread_work_that_may_end_sooner_is_waited_for_within_the_bound_and_says_so() -> None:
     e = big(10.0, abandoned_bytes=40_000)  # 5k-20k tokens: 5-20 s, 0-10 s left
     left = work_left(e.abandoned_bytes, e.abandoned_held_s, curve(calibration()))
-    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, left=left)
+    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, estimate=left)
     assert cure.wait is not None and cure.wait.until == pytest.approx(100 + 20 + MARGIN_S)
     assert "(its ~39 KiB request is 5,000-20,000 tokens" in cure.why
 
@@ -83,5 +83,5 @@ def test_a_resent_prompt_is_waited_for_however_long_its_estimate() -> None:
     """The retry needs all of that work again: a restart never costs it less."""
     e = big(10.0, retry_bytes=800_000, retry_after_s=0.5, retry_held_s=10.0, live_connections=1)
     left = work_left(e.abandoned_bytes, e.abandoned_held_s, curve(calibration()))
-    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, left=left)
+    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, estimate=left)
     assert cure.wait is not None and cure.wait.cost.destroyed == 10.0

@@ -78,7 +78,7 @@ class LeastCost:
             gave_up = max(e.gave_up_after_s) if e.gave_up_after_s else None
             self.resent = (first, e.retry_bytes, gave_up)
         cure = clearing.choose(
-            evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap, left=left
+            evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap, estimate=left
         )
         began, self.clearing = self.clearing, cure.wait
         ended: tuple[Ended, ...] = () if began is None else ((began, "gave up", cure.why),)

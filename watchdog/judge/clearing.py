@@ -109,13 +109,13 @@ def choose(
     *,
     cancel: str | None = None,
     cap: float | None = None,
-    left: WorkLeft | None = None,
+    estimate: WorkLeft | None = None,
 ) -> Cure:
     """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the cure under
     way. `cancel`: the kind's cancel style ("by_id": by request id, so only requests older
     than every live client are cancelled; "abort_all": only when no live client is there).
     `cap`: the longest one incident waits whatever the costs say (the server's max_busy);
-    `left`: the work left where the log says nothing of it (judge/estimate.py)."""
+    `estimate`: the work left where the log says nothing of it (judge/estimate.py)."""
     if clearing is not None and clearing.cancel:
         return _after_cancel(clearing, now)
     cost = counting_work(cost, e, clearing)
@@ -126,9 +126,9 @@ def choose(
     cancellable = (e.abandoned_connections or 0) >= 1 and (
         by_id or (cancel == "abort_all" and live == 0)
     )
-    wait, why_not = _plan_wait(e, clearing, cost, now, cap, left)
+    wait, why_not = _plan_wait(e, clearing, cost, now, cap, estimate)
     if wait is not None and (not cancellable or wait.until - now - wait.margin <= CANCEL_S):
-        return Cure(wait, _waiting(e, wait, clearing, cost, now, left))
+        return Cure(wait, _waiting(e, wait, clearing, cost, now, estimate))
     if cancellable and cost.seconds > CANCEL_S:
         fresh = Clearing(now, now + CANCEL_VERIFY_S, e.prefill_total or 0, cost, cancel=True)
         return Cure(
@@ -138,7 +138,7 @@ def choose(
             f"restarting if it has not served within {CANCEL_VERIFY_S:.0f} s",
         )
     if wait is not None:
-        return Cure(wait, _waiting(e, wait, clearing, cost, now, left))
+        return Cure(wait, _waiting(e, wait, clearing, cost, now, estimate))
     if clearing is not None:
         return Cure(None, f"{clearing.waited(now)}, then {why_not}")
     return Cure(None, f"restarting rather than waiting: {why_not}")
@@ -150,7 +150,7 @@ def _plan_wait(
     cost: RestartCost,
     now: float,
     cap: float | None,
-    left: WorkLeft | None,
+    estimate: WorkLeft | None,
 ) -> tuple[Clearing | None, str]:
     """The wait worth making now (None, and why not), judged afresh each tick from what the log
     says: its end moves with the prefill's rate, within the incident's bound."""
@@ -174,9 +174,9 @@ def _plan_wait(
         # the wait costs less than the restart.
         if clearing is not None and clearing.total and now < clearing.until:
             return clearing, ""
-        if left is not None and not cost.destroyed and left.lo >= cost.total:
+        if estimate is not None and not cost.destroyed and estimate.lo >= cost.total:
             # Even its least is more than the restart: no client needs the work done.
-            return None, f"{left.why}: more than a restart; {cost.describe()}"
+            return None, f"{estimate.why}: more than a restart; {cost.describe()}"
         return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
@@ -216,7 +216,7 @@ def _waiting(
     clearing: Clearing | None,
     cost: RestartCost,
     now: float,
-    left: WorkLeft | None,
+    estimate: WorkLeft | None,
 ) -> str:
     victims = _victims(e)
     if clearing is not None:
@@ -227,7 +227,7 @@ def _waiting(
             said += f"; waiting up to {wait.until - now:.0f} s more: {cost.describe()}"
         return said + victims
     if not wait.total:
-        guess = f" ({left.why})" if left is not None else ""
+        guess = f" ({estimate.why})" if estimate is not None else ""
         return (
             f"waiting while it costs less than a restart: {_unknown(e)}{guess}; "
             f"{cost.describe()}; "
