@@ -7,11 +7,13 @@ taken before the restart and the log's last lines in one block.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mlx_watchdog.config.profiles import PROFILES
-from mlx_watchdog.judge.cause import WORDS, Cause
+from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
 from mlx_watchdog.record.rows import Incident
 from mlx_watchdog.sense.text import printable
 
@@ -23,6 +25,22 @@ PROJECTS = {
 }
 STACK_LINES = 80
 LOG_LINES = 40
+# The server's own bugs, worth a report upstream; the rest (clients that time out, a machine out
+# of memory, a process gone for no reason shown) are fixed here, not there.
+UPSTREAM = frozenset({Cause.THREAD_GONE, Cause.DEADLOCK, Cause.METAL_ERROR, Cause.LEAKED_REQUEST})
+_HOME = re.compile(r"/(?:Users|home)/[^/\s]+")
+
+
+def report_offered(incident: Incident) -> str | None:
+    """None when the incident's cause is the server's bug; else why no report goes upstream,
+    and the fix that is the user's."""
+    cause = _cause(incident.evidence.get("cause"))
+    if cause in UPSTREAM:
+        return None
+    return (
+        f"no report upstream: the cause ({WORDS[cause]}) is not a bug of the server's; "
+        f"next: {NEXT_STEP[cause]}"
+    )
 
 
 def upstream_report(incident: Incident, dumps: Sequence[Mapping[str, Any]]) -> str:
@@ -39,7 +57,8 @@ def upstream_report(incident: Incident, dumps: Sequence[Mapping[str, Any]]) -> s
         f"A bug report to {where or title}" + (f" (github.com/{where}/issues)" if where else ""),
         "",
         f"**Server**: {title}, "
-        + (", ".join(map(str, versions)) if versions else "version unknown (pip show it)"),
+        + (", ".join(map(str, versions)) if versions else "version unknown (pip show it)")
+        + f' (watched as "{incident.server}")',
         f"**What happened**: {printable(incident.reason)}",
         f"**Cause, as mlx-watchdog named it**: {WORDS[cause]}"
         + (f" ({printable(str(e['cause_because']))})" if e.get("cause_because") else ""),
@@ -65,8 +84,16 @@ def upstream_report(incident: Incident, dumps: Sequence[Mapping[str, Any]]) -> s
     else:
         lines.append(f"(none: {printable(str(dump.get('log_problem') or 'no log named'))})")
     lines.append("```")
-    # Versions come from folder names, the title from the config: shown, never acted on.
-    return printable("\n".join(lines), lines=True)
+    # Versions come from folder names, the title from the config: shown, never acted on. A
+    # report is pasted in public: no one's home folder in it.
+    return printable(_no_home("\n".join(lines)), lines=True)
+
+
+def _no_home(text: str) -> str:
+    home = str(Path.home())
+    if len(home) > 1:
+        text = text.replace(home, "~")
+    return _HOME.sub("~", text)
 
 
 def _cause(value: object) -> Cause:

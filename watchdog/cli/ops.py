@@ -364,8 +364,12 @@ def _show(store: Store, number: int, as_json: bool) -> int:
         out.print(f"  outcome: {escape(i.outcome)}", soft_wrap=True)
     for d in dumps:
         _dump(d)
-    from mlx_watchdog.advice.report import upstream_report
+    from mlx_watchdog.advice.report import report_offered, upstream_report
 
+    why_not = report_offered(i)
+    if why_not is not None:
+        out.print(f"\n[dim]{escape(why_not)}[/dim]", soft_wrap=True)
+        return 0
     out.print("\n[bold]For a bug report upstream[/bold] (paste as is):")
     click.echo(upstream_report(i, dumps))
     return 0
