@@ -168,6 +168,24 @@ def test_what_the_log_held_before_the_first_look_or_a_restart_is_not_current(
     assert said is not None and said.total == 5000
 
 
+@pytest.mark.parametrize("hours", [-8.0, 5.5, 9.0])
+def test_a_server_stamping_another_zone_is_read_as_it_runs(tmp_path: Path, hours: float) -> None:
+    """A server whose zone is not the watchdog's (a job's bare environment, a unit's TZ): its
+    prefill is neither hours stalled nor hours in the future; the zone is learned from lines
+    read as they are written."""
+    shift = hours * 3600
+    log = tmp_path / "server.log"
+    reader = reader_of(
+        log, line(T0 + shift, 2048, 12036) + line(T0 + 4 + shift, 4096, 12036), T0 + 5
+    )
+    said = reader.read()
+    assert said is not None and (said.done, said.rate_tps, said.age_s) == (4096, 512.0, 1.0)
+    with log.open("a") as fh:
+        fh.write(line(T0 + 8 + shift, 6144, 12036))
+    said = reader.read()
+    assert said is not None and said.done == 6144 and said.age_s <= 1.0
+
+
 def test_a_missing_or_unreadable_log_is_a_finding(tmp_path: Path) -> None:
     reader = LogProgress(tmp_path / "none.log")
     assert reader.read() is None and reader.problem is not None

@@ -116,6 +116,9 @@ class LogProgress:
         # and those the last look read: kept when that look also saw a token.
         self.errors: list[LogError] = []
         self.fresh: list[LogError] = []
+        # The server stamps its lines in its own zone (a launchd job's or a unit's may not be
+        # the watchdog's): seconds to add to its stamps, learned from lines read as written.
+        self._zone = 0.0
 
     on_demand = False  # True: read only while the probe waits (each look costs a process)
 
@@ -156,9 +159,12 @@ class LogProgress:
         # this look (read each tick, so at most an interval late), the others before it.
         latest = max((st.at for st in steps if st.relative), default=0.0)
         now = self.wall()
+        self._zone = _zone(now, [st.at for st in steps if not st.relative], self._zone)
         for step in steps:
             if step.relative:
                 step = _Step(now - (latest - step.at), step.done, step.total, step.key)
+            elif self._zone:
+                step = _Step(step.at + self._zone, step.done, step.total, step.key)
             self._add(step)
         return self._prefill()
 
@@ -361,6 +367,22 @@ def unread_cost(server: ServerConfig) -> tuple[str, str] | None:
         "have cleared a few seconds later",
         fix,
     )
+
+
+ZONE_STEP = 900.0  # zones differ by whole quarter hours
+
+
+def _zone(now: float, stamps: list[float], known: float) -> float:
+    """The offset between the server's zone and the watchdog's. Lines are read as they are
+    written (each look reads what came since the last, nothing from before the start), so the
+    newest of a look stands within a few minutes of now: a quarter hour or more apart is the
+    zone, to the nearest quarter hour."""
+    if not stamps:
+        return known
+    gap = now - (max(stamps) + known)
+    if abs(gap) < ZONE_STEP / 2:
+        return known
+    return known + round(gap / ZONE_STEP) * ZONE_STEP
 
 
 def _slowing(steps: list[_Step]) -> float | None:
