@@ -110,6 +110,33 @@ def restarts_took(state: Path, server: str, seconds: float) -> None:
         store.close()
 
 
+def one_incident(
+    tmp_path: Path, reason: str, evidence: dict[str, Any], dump: dict[str, Any]
+) -> tuple[Path, int]:
+    """A config file for one server "m" and, in its history, one incident with a restart's
+    dump: what `history --show N` reads. Returns the config's path and the incident's number."""
+    from mlx_watchdog.config import effective, parse_config, to_toml
+    from mlx_watchdog.record.rows import Row
+    from mlx_watchdog.record.store import Store
+
+    state = tmp_path / "state"
+    config = parse_config(
+        {
+            "watchdog": {"state_dir": str(state)},
+            "server": [{"name": "m", "url": "http://127.0.0.1:9"}],
+        }
+    )
+    (tmp_path / "w.toml").write_text(to_toml(effective(config)))
+    state.mkdir(parents=True, exist_ok=True)
+    store = Store(state / "history.db")
+    ref = store.open_incident("m", 1.0, "wedged", reason, evidence, began_at=1.0)
+    store.add_dump("m", ref, 2.0, dump)
+    store.close()
+    number = ref.id if isinstance(ref, Row) else ref
+    assert isinstance(number, int)
+    return tmp_path / "w.toml", number
+
+
 def command_config(
     tmp_path: Path,
     bad: BadByPidfile,

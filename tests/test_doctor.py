@@ -292,3 +292,23 @@ def test_config_init_takes_its_path_as_an_argument(tmp_path: Path) -> None:
     assert mlx_watchdog("config", "check", "--config", str(target)).returncode == 0
     both = mlx_watchdog("config", "init", str(target), "--config", str(tmp_path / "other.toml"))
     assert both.returncode == 3 and "two places given" in both.stderr
+
+
+def test_the_deadline_a_resent_prompt_needs_is_named_from_the_last_days_recoveries(
+    tmp_path: Path,
+) -> None:
+    """Read from the recovered events' data, never from their prose: a hand-edited value that
+    is not text, an older one beyond the day or another server's, are left out."""
+    config = setup(tmp_path, "http://127.0.0.1:1")
+    store = Store(tmp_path / "state" / "history.db")
+    now = time.time()
+    said = "a client resent an abandoned ~29 KiB prompt; ... a client deadline above 30 s"
+    store.add_event("mac1", now - 2 * 86400, "recovered", "old", {"resent": "two days ago"})
+    store.add_event("other", now - 60, "recovered", "x", {"resent": "another server's"})
+    store.add_event("mac1", now - 120, "recovered", "serving again", {"resent": said})
+    store.add_event("mac1", now - 60, "recovered", "a resent prompt, says it", {"resent": 7})
+    store.close()
+    found = [f for f in doctor(config, tmp_path) if f.detail.startswith("in the last day")]
+    assert [(f.level, f.what, f.detail) for f in found] == [
+        ("warning", "mac1", f"in the last day {said}")
+    ]

@@ -124,31 +124,15 @@ def test_every_string_rich_renders_shows_its_controls() -> None:
 def test_history_show_prints_a_servers_text_as_escapes(tmp_path: Path) -> None:
     """A reason, a stack's thread name and a log's line, each with escapes a terminal acts on,
     through `history --show` (its report upstream too): shown, never acted on."""
-    from mlx_watchdog.config import effective, parse_config, to_toml
-    from mlx_watchdog.record.rows import Row
-    from mlx_watchdog.record.store import Store
+    from tests.builders import one_incident
     from tests.conftest import mlx_watchdog
 
-    state = tmp_path / "state"
-    config = parse_config(
-        {
-            "watchdog": {"state_dir": str(state)},
-            "server": [{"name": "m", "url": "http://127.0.0.1:9"}],
-        }
-    )
-    (tmp_path / "w.toml").write_text(to_toml(effective(config)))
-    state.mkdir(parents=True, exist_ok=True)
-    store = Store(state / "history.db")
     evidence = {"cause": "metal_error", "cause_because": f"its log: {HOSTILE}"}
-    incident = store.open_incident("m", 1.0, "wedged", f"wedged: {HOSTILE}", evidence, began_at=1.0)
     stack = f'Thread 1 (idle): "{HOSTILE}"\n    f (x.py:1)\n'
     dump = {"pid": 1, "stack": stack, "log_tail": HOSTILE + "\n", "kind": "mlx_lm"}
     dump["versions"] = [f"mlx_lm 0.1{HOSTILE}"]  # a dist-info folder's name, planted
-    store.add_dump("m", incident, 2.0, dump)
-    store.close()
-    number = incident.id if isinstance(incident, Row) else incident
-    assert number is not None
-    shown = mlx_watchdog("history", "--config", str(tmp_path / "w.toml"), "--show", str(number))
+    config, number = one_incident(tmp_path, f"wedged: {HOSTILE}", evidence, dump)
+    shown = mlx_watchdog("history", "--config", str(config), "--show", str(number))
     assert shown.returncode == 0, shown.stderr
     assert "For a bug report upstream" in shown.stdout
     assert raw_controls(shown.stdout) == [], shown.stdout

@@ -7,31 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from mlx_watchdog.config import effective, parse_config, to_toml
-from mlx_watchdog.record.rows import Row
-from mlx_watchdog.record.store import Store
+from tests.builders import one_incident
 from tests.conftest import mlx_watchdog
 
 
 def incident_with(tmp_path: Path, cause: str, dump: dict[str, object]) -> tuple[Path, int]:
     """A config and one incident of `cause` in its history, with a restart's dump."""
-    state = tmp_path / "state"
-    config = parse_config(
-        {
-            "watchdog": {"state_dir": str(state)},
-            "server": [{"name": "m", "url": "http://127.0.0.1:9"}],
-        }
-    )
-    (tmp_path / "w.toml").write_text(to_toml(effective(config)))
-    state.mkdir(parents=True, exist_ok=True)
-    store = Store(state / "history.db")
     evidence = {"cause": cause, "cause_because": "its log: [metal::malloc] ..."}
-    ref = store.open_incident("m", 1.0, "wedged", "wedged: no token", evidence, began_at=1.0)
-    store.add_dump("m", ref, 2.0, {"pid": 1, "kind": "mlx_lm", **dump})
-    store.close()
-    number = ref.id if isinstance(ref, Row) else ref
-    assert isinstance(number, int)
-    return tmp_path / "w.toml", number
+    return one_incident(
+        tmp_path, "wedged: no token", evidence, {"pid": 1, "kind": "mlx_lm", **dump}
+    )
 
 
 def show(config: Path, number: int, home: Path) -> str:

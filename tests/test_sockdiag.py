@@ -147,6 +147,37 @@ def test_a_malformed_or_refused_answer_is_unavailable_never_a_crash(data: bytes)
         assert found == [] and done is False
 
 
+def _diag_message(attributes: bytes) -> bytes:
+    """One well-formed socket answer (127.0.0.1:8080 <- :5000, CLOSE_WAIT, inode 7) with
+    `attributes` after it, as the kernel appends INET_DIAG_INFO."""
+    addr = socket.inet_aton("127.0.0.1") + bytes(12)
+    body = (
+        struct.pack("=BBBB", socket.AF_INET, 8, 0, 0)
+        + struct.pack(">HH16s16s", 8080, 5000, addr, addr)
+        + bytes(12)  # interface, cookie
+        + struct.pack("=IIIII", 0, 0, 0, 0, 7)
+        + attributes
+    )
+    return struct.pack("=IHHII", 16 + len(body), 20, 0, 1, 0) + body
+
+
+@pytest.mark.parametrize(
+    ("attributes", "received"),
+    [
+        (b"", None),  # no INET_DIAG_INFO: an older kernel
+        (struct.pack("=HH", 4 + 60, 2) + bytes(60), None),  # too short to hold the count
+        (struct.pack("=HH", 9999, 2) + bytes(200), None),  # a length past the message
+        (struct.pack("=HH", 2, 2), None),  # a length shorter than its own header
+        (struct.pack("=HH", 4 + 136, 2) + bytes(128) + struct.pack("=Q", 4242), 4242),
+    ],
+    ids=["none", "short", "too-long", "tiny", "whole"],
+)
+def test_a_sockets_byte_count_is_read_only_where_whole(attributes: bytes, received: int) -> None:
+    (found,), done = sockdiag.parse(_diag_message(attributes), 1)
+    assert not done and found.status == "CLOSE_WAIT" and found.inode == 7
+    assert found.received == received
+
+
 def test_where_the_kernel_cannot_be_asked_psutil_is_read(
     listener: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:

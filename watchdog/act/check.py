@@ -205,18 +205,12 @@ class Checker:
         if process.pid is None:
             return
         seen, self.seen_process = self.seen_process, (process.pid, process.create_time)
-        if seen is None:
-            return
-        then, now = seen[1], process.create_time
-        if seen[0] != process.pid or (then is not None and now is not None and abs(then - now) > 1):
+        if seen is not None and not _same_process(seen, process):
             self.progress.restarted()
 
     def _served(self, process: ProcessSample) -> bool:
         """This very process (PID and start time) gave the watchdog a token."""
-        if self.served_process is None or process.pid != self.served_process[0]:
-            return False
-        then, now = self.served_process[1], process.create_time
-        return then is None or now is None or abs(then - now) < 1.0
+        return self.served_process is not None and _same_process(self.served_process, process)
 
     def _signs(self, snap: ProbeSnapshot, pid: int | None, cpu: float | None) -> Signs | None:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a
@@ -255,6 +249,13 @@ class Checker:
         too the report requests a stuck server has not answered (they stay in CLOSE_WAIT)."""
         for address in self.own.unanswered():
             self.left.add(address, keep_for=self.server.probe.hard_timeout)
+
+
+def _same_process(known: tuple[int, float | None], process: ProcessSample) -> bool:
+    """The same PID, started at the same time (to a second: the start is read against the
+    wall clock each look)."""
+    then, now = known[1], process.create_time
+    return known[0] == process.pid and (then is None or now is None or abs(then - now) < 1.0)
 
 
 def check_once(

@@ -17,12 +17,12 @@ from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
-from mlx_watchdog.judge.advice import RESENT, retry_loop, tokens_label
-from mlx_watchdog.judge.states import BAD_STATES
+from mlx_watchdog.judge.advice import retry_loop, tokens_label
+from mlx_watchdog.judge.states import BAD_STATES, EventKind
 from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
-from mlx_watchdog.record.tally import abandoned_lately
+from mlx_watchdog.record.tally import DAY, abandoned_lately
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
@@ -126,9 +126,9 @@ def _server(
             "resending the prompt",
         )
     resent = [
-        i.advice
-        for i in store.incidents(now - 86400.0, server.name)
-        if i.advice and i.advice.startswith(RESENT)
+        e.data["resent"]
+        for e in store.events(server.name, since=now - DAY, kind=EventKind.RECOVERED)
+        if isinstance(e.data.get("resent"), str)
     ]
     if resent:
         yield Finding(

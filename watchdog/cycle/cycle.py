@@ -456,6 +456,7 @@ class Cycle:
             f"serving again ({how}); {timing}" + (f". {advice}" if advice else ""),
             outage_s=round(outage, 3),
             recover_s=None if recover_s is None else round(recover_s, 3),
+            **({"resent": advice} if advice else {}),  # the deadline a resent prompt needs
         )
 
     # -- restarts ---------------------------------------------------------------------------

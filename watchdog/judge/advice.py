@@ -105,15 +105,12 @@ def _k(tokens: float) -> str:
     return f"{tokens / 1000:.0f}k" if tokens >= 1000 else f"{tokens:.0f}"
 
 
-RESENT = "a client resent an abandoned"  # how resend_advice begins
-
-
 def resend_advice(size: str, answered_s: float, gave_up_s: float | None) -> str:
     """The deadline a resent prompt needs, from what this incident measured: the time from its
     first send to the server serving again (its prefill, and whatever was decoded for nobody)."""
     gave = f" (its client gave up after {gave_up_s:.0f} s)" if gave_up_s else ""
     return (
-        f"{RESENT} ~{size} prompt{gave}; the server had it done "
+        f"a client resent an abandoned ~{size} prompt{gave}; the server had it done "
         f"{answered_s:.0f} s after it was first sent: a client deadline above "
         f"{round_up(answered_s * MARGIN, 10)} s (that and half again) is served at the first "
         "attempt, which ends this loop at its source"

@@ -111,10 +111,7 @@ def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
     # Weak alone: a stack without the thread (another version may name it otherwise), a 503
     # from a health route (another server may mean something else by it), a log line (a
     # client may have written it).
-    weak = []
-    stack = s.stack
-    if f.kind == "mlx_lm" and stack is not None and stack.threads and stack.generation is None:
-        weak.append(f"its stack ({stack.tool}) has no generation thread")
+    weak = [lost] if (lost := _lost_thread(f, s)) else []
     if f.kind == "mlx_lm" and f.health_unavailable:
         weak.append('/health answers 503 "unavailable"')
     said = next((e.line for e in s.errors if e.kind == "thread_gone"), None)
@@ -138,20 +135,28 @@ def _metal(f: Facts, s: Signs) -> Diagnosis | None:
     said = next((e.line for e in s.errors if e.kind == "metal"), None)
     if said is None:
         return None
-    stack = s.stack
     if f.state == "dead":
         held = "it answers the probe wrongly"
     elif f.gone:
         held = "its process is gone"
     elif f.health_unavailable:
         held = '/health answers 503 "unavailable"'
-    elif f.kind == "mlx_lm" and stack is not None and stack.threads and stack.generation is None:
-        held = f"its stack ({stack.tool}) has no generation thread"
+    elif lost := _lost_thread(f, s):
+        held = lost
     elif _still(f, s):
         held = "the process idle and nothing moving"
     else:
         return None
     return Diagnosis(Cause.METAL_ERROR, f"its log: {said}; {held}")
+
+
+def _lost_thread(f: Facts, s: Signs) -> str | None:
+    """mlx-lm's stack without its generation thread, in words; None if the stack has it (or
+    there is none, or it is another kind's, whose threads are named otherwise)."""
+    stack = s.stack
+    if f.kind == "mlx_lm" and stack is not None and stack.threads and stack.generation is None:
+        return f"its stack ({stack.tool}) has no generation thread"
+    return None
 
 
 def _still(f: Facts, s: Signs) -> bool:

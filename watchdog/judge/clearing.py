@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mlx_watchdog.judge import retry
+from mlx_watchdog.judge.cause import MIN_IDLE_READINGS
 from mlx_watchdog.judge.estimate import WorkLeft
 from mlx_watchdog.judge.evidence import Evidence
 
@@ -41,7 +42,6 @@ CANCEL_VERIFY_S = 15.0  # after a cancel, a token within this long or a restart
 CANCEL_S = 2.0  # a cancel's expected cost: its calls, and a token after them
 IDLE_CPU = 1.0  # at or below this share of a core the process is not working (a GPU-bound
 # prefill on Metal shows little CPU, so "working" is any more than idle)
-IDLE_LOOKS = 3  # idle this many looks in a row (as judge/cause.py): one is a pause, not a stop
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def _idle(e: Evidence) -> str | None:
     """Why no work is running that a wait could see end, or None: there may be."""
     if not e.abandoned_connections:
         return "no client left work behind (no abandoned request), so waiting would end nothing"
-    if e.idle_looks >= IDLE_LOOKS:
+    if e.idle_looks >= MIN_IDLE_READINGS:  # one idle look is a pause, not a stop
         return (
             f"the process is idle ({e.idle_looks} looks in a row, CPU {e.cpu_percent or 0:.1f}% "
             "now), so no abandoned work is running that waiting would see end"

@@ -185,9 +185,8 @@ def _oldest_abandoned(clients: tuple[Client, ...], now: float) -> dict[str, Any]
     sized = [c for c in clients if c.status == "abandoned" and c.received is not None]
     if not sized:
         return {}
-    oldest = min(sized, key=lambda c: c.sent_at if c.sent_at is not None else c.first_seen)
-    sent = oldest.sent_at if oldest.sent_at is not None else oldest.first_seen
-    return {"abandoned_bytes": oldest.received, "abandoned_held_s": _r(max(0.0, now - sent))}
+    oldest = min(sized, key=lambda c: c.sent)
+    return {"abandoned_bytes": oldest.received, "abandoned_held_s": _r(max(0.0, now - oldest.sent))}
 
 
 def _retry(found: Retry | None) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def retry_of(clients: Iterable[Client], now: float) -> Retry | None:
     clients = tuple(clients)
     left = sorted(
         (c for c in clients if c.status == "abandoned" and (c.received or 0) >= MIN_BYTES),
-        key=_sent,
+        key=lambda c: c.sent,
     )
     live = [c for c in clients if c.status == "live" and c.received is not None]
     for gone in left:
@@ -55,17 +55,13 @@ def retry_of(clients: Iterable[Client], now: float) -> Retry | None:
         slack = max(SLACK_BYTES, SLACK_SHARE * size)
         quit_at = gone.abandoned_since if gone.abandoned_since is not None else now
         for again in live:
-            came = _sent(again)
-            if abs((again.received or 0) - size) > slack or came < _sent(gone):
+            came = again.sent
+            if abs((again.received or 0) - size) > slack or came < gone.sent:
                 continue
             if came - quit_at > WITHIN_S:
                 continue
-            return Retry(size, max(0.0, came - quit_at), max(0.0, now - _sent(gone)))
+            return Retry(size, max(0.0, came - quit_at), max(0.0, now - gone.sent))
     return None
-
-
-def _sent(c: Client) -> float:
-    return c.sent_at if c.sent_at is not None else c.first_seen
 
 
 def size_label(n: int) -> str:

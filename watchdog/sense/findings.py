@@ -31,6 +31,11 @@ class Client:
     received: int | None = None  # bytes it sent (its request); None where it cannot be read
     sent_at: float | None = None  # when its last byte came, on the span clock; None: unknown
 
+    @property
+    def sent(self) -> float:
+        """When it sent its request, as well as it is known (else when it was first seen)."""
+        return self.sent_at if self.sent_at is not None else self.first_seen
+
 
 @dataclass(frozen=True)
 class ProcessSample:
