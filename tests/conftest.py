@@ -265,6 +265,7 @@ def bad_servers(folder: Path) -> Iterator[Callable[..., Running]]:
         kind: str = "mlx_lm",
         ok_requests: int | None = None,
         port: int | None = None,
+        extra: tuple[str, ...] = (),
     ) -> Running:
         port = port or free_port()
         log = folder / f"bad-{mode}-{port}-{len(started)}.log"
@@ -282,6 +283,7 @@ def bad_servers(folder: Path) -> Iterator[Callable[..., Running]]:
                 # only when asked: "--kind mlx_lm" in its command line would match "mlx_lm"
                 *(["--kind", kind] if kind != "mlx_lm" else []),
                 *(["--ok-requests", str(ok_requests)] if ok_requests is not None else []),
+                *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=fh,

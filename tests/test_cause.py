@@ -250,7 +250,10 @@ def test_a_metal_error_in_the_log_names_the_cause(
     srv = bad_server("hang")
     log = tmp_path / "server.log"
     log.write_text("2026-12-05 10:00:00,000 - INFO - Starting httpd\n")
-    server = replace(watched(srv.url, hard_timeout=60.0), log_file=log)
+    # wedge_after a minute away: a failure the log states is judged at the look that holds it up
+    server = replace(
+        watched(srv.url, hard_timeout=120.0, wedge_after=60.0, max_busy=90.0), log_file=log
+    )
     stacker = Stacker(command=lambda pid: None)
     checker = Checker(server, stacker=stacker, memory=MemoryWatch(no_memory))
     checker.judge(srv.proc.pid)  # the first look reads the log to its end
@@ -268,6 +271,7 @@ def test_a_metal_error_in_the_log_names_the_cause(
     until(metal, 30, "the Metal error named", step=0.25)
     (v,) = named
     assert "cause: a Metal (GPU) error (its log: " in v.reason and "499000" in v.reason
+    assert v.state == "wedged" and "no wait for wedge_after" in v.reason
     checker.abort()
 
 
@@ -289,6 +293,71 @@ def test_a_stack_without_the_generation_thread_names_it_gone(
     until(gone, 30, "the lost thread named", step=0.25)
     (v,) = named
     assert "no generation thread, while HTTP still answers" in (v.evidence.cause_because or "")
+    checker.abort()
+
+
+THREAD_DIED_LINE = (
+    "2026-12-05 10:00:01,000 - ERROR - mlx_lm.server generation thread died: unhashable type\n"
+)
+
+
+def stated_checker(tmp_path: Path, srv: Running, stack: str) -> tuple[Checker, Path]:
+    """A checker whose wedge_after is a minute away, reading a log the test writes to."""
+    log = tmp_path / "server.log"
+    log.write_text("2026-12-05 10:00:00,000 - INFO - Starting httpd\n")
+    spans = {"hard_timeout": 120.0, "wedge_after": 60.0, "max_busy": 90.0}
+    server = replace(watched(srv.url, **spans), log_file=log)
+    stacker = Stacker(every=0.0, command=spy(tmp_path, stack))
+    checker = Checker(server, stacker=stacker, memory=MemoryWatch(no_memory))
+    checker.judge(srv.proc.pid)  # the first look reads the log to its end
+    return checker, log
+
+
+def test_a_death_the_log_states_is_judged_at_once_not_after_wedge_after(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    """Older mlx-lm: the thread dies, /health stays 200, the probe hangs. The log's line and a
+    stack without the thread decide at the look that reads them, a minute before wedge_after."""
+    srv = bad_server("hang")
+    checker, log = stated_checker(tmp_path, srv, SPY_GONE)
+    with log.open("a") as fh:
+        fh.write(THREAD_DIED_LINE)
+    started = time.monotonic()
+    named: list[Verdict] = []
+
+    def gone() -> bool:
+        v = checker.judge(srv.proc.pid)
+        named[:] = [v] if v is not None else []
+        return v is not None and v.state == "wedged"
+
+    until(gone, 30, "the stated death judged", step=0.25)
+    assert time.monotonic() - started < 10  # wedge_after is 60 s
+    (v,) = named
+    assert v.evidence.cause == "generation_thread_gone", v.reason
+    assert "no wait for wedge_after" in v.reason and "unhashable type" in v.reason
+    checker.abort()
+
+
+def test_a_stated_death_a_working_server_contradicts_waits_for_wedge_after(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    """The same line (a client can write it) while the stack has the generation thread and the
+    process works: nothing is judged before wedge_after, no cause named."""
+    srv = bad_server("hang", extra=("--busy-generation",))
+    checker, log = stated_checker(tmp_path, srv, SPY_ALIVE)
+    with log.open("a") as fh:
+        fh.write(THREAD_DIED_LINE)
+    verdicts: list[Verdict | None] = []
+
+    def twelve() -> bool:
+        verdicts.append(checker.judge(srv.proc.pid))
+        return len(verdicts) >= 12
+
+    until(twelve, 30, "twelve looks", step=0.25)
+    assert checker.cpu_over_wait and sum(checker.cpu_over_wait) / len(checker.cpu_over_wait) > 5
+    states = {v.state for v in verdicts if v is not None}
+    assert states <= {"slow"}, [v.reason for v in verdicts if v is not None]
+    assert not any(v is not None and v.evidence.cause for v in verdicts)
     checker.abort()
 
 

@@ -225,8 +225,11 @@ class Checker:
             return None
         if cpu is not None and not snap.done:
             self.cpu_over_wait = [*self.cpu_over_wait[-(CPU_KEPT - 1) :], cpu]
-        suspected = not snap.done and snap.waited(self.mono()) >= self.server.probe.wedge_after
-        if not suspected and not self.progress.errors and not snap.done:
+        # A failure the log states makes the wait a suspect at once: its stack may hold it up.
+        waited = snap.waited(self.mono())
+        long = waited >= self.server.probe.wedge_after or bool(self.progress.errors)
+        suspected = not snap.done and long
+        if not suspected and not snap.done:
             return None
         local = self.inspector.local
         return Signs(

@@ -59,6 +59,8 @@ WORDS: dict[Cause, str] = {
 
 # Causes no waiting can cure: restart at once, whatever a cheaper cure would have been.
 NO_PROGRESS = frozenset({Cause.THREAD_GONE, Cause.DEADLOCK, Cause.METAL_ERROR})
+# Causes the server's log states: with a sign no client writes, judged at once (verdict.py).
+STATED = frozenset({Cause.THREAD_GONE, Cause.METAL_ERROR})
 MIN_IDLE_READINGS = 3  # CPU readings over the wait, all idle, before idleness counts
 
 

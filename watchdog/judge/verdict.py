@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlx_watchdog.config import ProbeSettings
-from mlx_watchdog.judge.cause import Cause, Diagnosis, Facts, diagnose
+from mlx_watchdog.judge.cause import STATED, Cause, Diagnosis, Facts, diagnose
 from mlx_watchdog.judge.evidence import Evidence, Observation, evidence
 from mlx_watchdog.judge.states import BAD_STATES, EXIT_CODES, State
 from mlx_watchdog.sense.findings import (
@@ -150,9 +150,14 @@ def _waiting(obs: Observation, s: ProbeSettings, now: float) -> Judged:
         )
     if load is not None and load.ok and load.loaded == 0 and waited < s.startup_grace:
         return State.STARTING, f"{load.describe()}: it loads one for the probe"
+    got = _bytes_note(probe)
+    if _stated(obs, s, now):
+        return State.WEDGED, (
+            f"no token for {_s(waited)}{got}; a failure its log states is held up by a sign "
+            "no client writes, so no wait for wedge_after"
+        )
     if waited < s.slow_after:
         return None, ""
-    got = _bytes_note(probe)
     if load is not None and _loading(load) and not _past_grace(age, waited, s):
         return State.STARTING, f"its health route answers {load.health_status}: loading"
     if load is not None and (load.health_status or 0) >= 500:
@@ -169,6 +174,14 @@ def _waiting(obs: Observation, s: ProbeSettings, now: float) -> Judged:
         held = f"; {_abandoned(abandoned)}" if abandoned else ""
         return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
     return _past_wedge_after(obs, s, now, got)
+
+
+def _stated(obs: Observation, s: ProbeSettings, now: float) -> bool:
+    """The server's log states a failure no wait cures (a thread's death, a Metal error) and a
+    sign no client writes holds it up: judged at the look that shows both."""
+    if obs.signs is None or not obs.signs.errors:
+        return False
+    return cause_of(obs, State.WEDGED, s, now).cause in STATED
 
 
 def _unseen_clients(obs: Observation, s: ProbeSettings, waited: float, got: str) -> Judged:
