@@ -43,6 +43,9 @@ def sse(obj: object) -> bytes:
 
 
 GPU_HUNG = threading.Event()  # SIGUSR1: a command buffer that never completes
+# SIGUSR2: the GPU was reset under it; as Ollama's runner then (ollama #18213), every later
+# generation answers 200 with no token in about 180 ms
+GPU_RESET = threading.Event()
 
 
 def busy(seconds: float) -> None:
@@ -119,6 +122,10 @@ class Handler(socketserver.BaseRequestHandler):
         elif method == "POST" and path == "/v1/chat/completions":
             self.server.requests += 1
             self.body = body
+            if GPU_RESET.is_set():
+                time.sleep(0.18)
+                self.gen_zero_tokens(sock)
+                return
             getattr(self, "gen_" + mode)(sock)
         else:
             sock.sendall(head(404, "text/plain", "Not Found") + b"Not Found")
@@ -593,6 +600,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     signal.signal(signal.SIGUSR1, lambda *_: GPU_HUNG.set())
+    signal.signal(signal.SIGUSR2, lambda *_: GPU_RESET.set())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
     server.rate, server.stall_at, server.lying = args.rate, args.stall_at, args.lying

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -14,13 +16,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_watchdog.act.check import Checker
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.cause import Cause, Facts, budget_spent, diagnose, recurring
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.sense.memory import MemoryWatch
 from mlx_watchdog.sense.signs import LogError, Machine, Signs, StackSample, ThreadStack, log_error
 from mlx_watchdog.sense.stack import Stacker, parse_py_spy
-from tests.builders import watched
-from tests.conftest import Running, until
+from tests.builders import badserver_argv, watchdog_config, watched
+from tests.conftest import DaemonThread, Running, free_port, until
 
 GIB = 1 << 30
 SPY_ALIVE = """Process 19707: python -m mlx_lm.server --model m --port 8080
@@ -411,3 +415,73 @@ def test_incidents_are_counted_by_cause() -> None:
     text = metrics.exposition()[0].decode()
     assert 'mlx_watchdog_incidents_total{cause="deadlock",server="s"} 2.0' in text
     assert 'mlx_watchdog_incidents_total{cause="unknown",server="s"} 1.0' in text
+
+
+# -- a GPU reset: 200 with no token, at once, from a process that served ------------------------
+
+
+def test_an_empty_answer_names_a_gpu_reset_only_from_a_process_that_served() -> None:
+    dead = Facts(state="dead", kind="ollama", answered=True, empty_in=0.18, served=True)
+    found = diagnose(dead, Signs(gpu_events=("gpuEvent-2026-12-05-101500.ips",)))
+    assert found.cause is Cause.GPU_RESET
+    assert "200 with no token in 180 ms" in found.because
+    assert "gpuEvent-2026-12-05-101500.ips" in found.because
+    # Never served: a model that answers nothing from its start, not a reset.
+    assert diagnose(replace(dead, served=False), Signs()).cause is Cause.UNKNOWN
+    # Any other failing answer is not an empty one.
+    assert diagnose(replace(dead, empty_in=None), Signs()).cause is Cause.UNKNOWN
+    # A log line of a Metal failure with it is the more specific cause.
+    metal = Signs(errors=(LogError("metal", "[METAL] Command buffer execution failed"),))
+    assert diagnose(dead, metal).cause is Cause.METAL_ERROR
+
+
+def test_gpu_event_reports_are_read_by_name_and_time_and_bounded(tmp_path: Path) -> None:
+    from mlx_watchdog.sense import gpu_events as ge
+
+    system, retired, absent = tmp_path / "sys", tmp_path / "sys" / "Retired", tmp_path / "none"
+    retired.mkdir(parents=True)
+    for folder, name, at in [
+        (system, "gpuEvent-2026-12-05-100000.ips", 1000.0),  # before the process started
+        (retired, "gpuEvent-2026-12-05-110000.ips", 2000.0),
+        (system, "gpuEvent-2026-12-05-120000.ips", 3000.0),
+        (system, "python3.11-2026-12-05-120000.ips", 3000.0),  # a crash report: not a GPU event
+        (system, "gpuEvent-notes.txt", 3000.0),
+    ]:
+        path = folder / name
+        path.write_text("{}")
+        os.utime(path, (at, at))
+    found = ge.gpu_events(1500.0, [system, retired, absent])
+    assert found == ("gpuEvent-2026-12-05-120000.ips", "gpuEvent-2026-12-05-110000.ips")
+    for n in range(10):
+        (retired / f"gpuEvent-{n}.ips").write_text("{}")
+    assert len(ge.gpu_events(0.0, [retired])) == ge.KEPT
+    # Elsewhere than macOS there are no such folders to read.
+    assert ge.report_folders() == () or sys.platform == "darwin"
+
+
+def test_a_gpu_reset_is_named_and_cured_by_a_restart(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """The stand-in's GPU is reset (SIGUSR2): every answer then 200 with no token in 180 ms,
+    as Ollama's runner after one (ollama #18213). Named, restarted, serving again."""
+    port = free_port()
+    server = {
+        "name": "g",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": badserver_argv(port, "ok"),
+        "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10s"},
+    }
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    w = t.daemon.cycles["g"]
+    until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "it serves")
+    pid = w.manager.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGUSR2)
+    store = t.daemon.store
+    until(lambda: [r.outcome for r in store.restarts("g", 0.0)] == ["recovered"], 30, "cured")
+    (incident,) = store.incidents(0.0)
+    assert incident.state == "dead" and incident.evidence["cause"] == "gpu_reset", incident.reason
+    assert "where this same process gave tokens before" in incident.evidence["cause_because"]
+    assert w.manager.pid() != pid

@@ -155,3 +155,10 @@ def test_every_config_the_docs_show_is_accepted_as_written(
             parse_config(data)
             checked += 1
     assert checked >= 3
+
+
+def test_every_cause_has_its_row_in_the_causes_table() -> None:
+    from mlx_watchdog.judge.cause import Cause
+
+    rows = re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "causes.md").read_text(), re.M)
+    assert sorted(rows) == sorted(c.value for c in Cause)

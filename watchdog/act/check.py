@@ -14,6 +14,7 @@ from mlx_watchdog.judge.evidence import Observation
 from mlx_watchdog.judge.verdict import Verdict, judge, leaked_requests
 from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot, ProcessSample
+from mlx_watchdog.sense.gpu_events import GpuEvents, gpu_events
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.memory import MemoryWatch
 from mlx_watchdog.sense.models import check_models
@@ -58,6 +59,7 @@ class Checker:
         announce_probe: bool = False,
         stacker: Stacker | None = None,
         memory: MemoryWatch | None = None,
+        gpu_reports: GpuEvents = gpu_events,
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
@@ -80,6 +82,7 @@ class Checker:
         # Signs of a cause, gathered while a wedge is suspected and forgotten when it serves.
         self.stacker = stacker or Stacker()
         self.memory = memory or MemoryWatch()
+        self.gpu_reports = gpu_reports
         self.cpu_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
 
@@ -181,7 +184,7 @@ class Checker:
         prefill = self.progress.read() if wanted else None
         if not wanted:
             self.progress.fresh = []
-        signs = self._signs(snap, pid, process.cpu_percent)
+        signs = self._signs(snap, pid, process)
         if snap.finding == ProbeFinding.OK and process.pid is not None:
             self.served_process = (process.pid, process.create_time)
         return Observation(
@@ -212,9 +215,11 @@ class Checker:
         """This very process (PID and start time) gave the watchdog a token."""
         return self.served_process is not None and _same_process(self.served_process, process)
 
-    def _signs(self, snap: ProbeSnapshot, pid: int | None, cpu: float | None) -> Signs | None:
+    def _signs(self, snap: ProbeSnapshot, pid: int | None, process: ProcessSample) -> Signs | None:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a
-        process), the log's known failures, CPU over the wait, the machine's memory."""
+        process), the log's known failures, CPU over the wait, the machine's memory, the GPU
+        resets macOS recorded (only for an answer with no token)."""
+        cpu = process.cpu_percent
         if snap.finding == ProbeFinding.OK or snap.tokens > 0:
             # Served: what the log said before is answered, but a line read in this very look
             # may be the server failing right after it (kept for the next verdict).
@@ -237,7 +242,14 @@ class Checker:
             errors=tuple(self.progress.errors),
             idle_cpu=tuple(self.cpu_over_wait),
             machine=self.memory.look() if suspected and local else None,
+            gpu_events=self._gpu_events(snap, process) if local else (),
         )
+
+    def _gpu_events(self, snap: ProbeSnapshot, process: ProcessSample) -> tuple[str, ...]:
+        empty = snap.done and snap.status == 200 and snap.tokens == 0
+        if not empty or process.create_time is None:
+            return ()
+        return self.gpu_reports(process.create_time)
 
     def judge(self, pid: int | None, *, fresh_since: float | None = None) -> Verdict | None:
         return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.mono())

@@ -9,6 +9,9 @@ Each cause has its own cure and its own fix upstream:
 - deadlock: the generation thread is there, idle, and nothing moves (mlx-lm #1834, #1493);
 - metal_error: the server's log names a Metal failure (mlx-lm #1505, #1644, #831; oMLX #2029;
   Ollama #17902; exo #1429; mlx-lm #883, #1666);
+- gpu_reset: a process that served answers 200 with no token, at once (the GPU was reset under
+  it and the runner stays broken: ollama #18213, llama.cpp #20141); macOS's gpuEvent reports
+  corroborate;
 - memory_pressure: the machine is out of memory and swapping (mlx-lm #1252, Ollama #18131);
 - client_timeouts: the same wedge back again and again, each restart curing it: clients give up
   before their prefill ends (a cycle's judgement, from its incidents; see `recurring`);
@@ -39,6 +42,7 @@ class Cause(StrEnum):
     THREAD_GONE = "generation_thread_gone"
     DEADLOCK = "deadlock"
     METAL_ERROR = "metal_error"
+    GPU_RESET = "gpu_reset"
     MEMORY_PRESSURE = "memory_pressure"
     CLIENT_TIMEOUTS = "client_timeouts"
     EXITED = "exited"
@@ -51,6 +55,7 @@ WORDS: dict[Cause, str] = {
     Cause.THREAD_GONE: "the generation thread is gone",
     Cause.DEADLOCK: "a deadlock",
     Cause.METAL_ERROR: "a Metal (GPU) error",
+    Cause.GPU_RESET: "the GPU was reset under it: it answers with no token",
     Cause.MEMORY_PRESSURE: "the machine is out of memory",
     Cause.CLIENT_TIMEOUTS: "clients time out before their prefill ends",
     Cause.EXITED: "the server process is gone",
@@ -89,6 +94,8 @@ class Facts:
     leaked: int = 0
     progressing: bool = False  # the server's log shows a prefill moving now
     gone: bool = False  # down, and no server process is running
+    empty_in: float | None = None  # the probe's answer: 200 with no token, in this many seconds
+    served: bool = False  # this same process gave the watchdog a token before
     idle_below: float = 5.0  # the CPU % under which the process is idle
 
 
@@ -98,7 +105,7 @@ THREAD_DIED = "generation thread died"  # mlx-lm 0.32.2's words, in its log and 
 def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
     """The cause the evidence shows; unknown unless a strong sign or two weak ones agree."""
     # A Metal failure first: it is what kills the thread (mlx-lm #1505), the more specific.
-    for check in (_metal, _thread_gone, _deadlock, _holds_slot, _memory):
+    for check in (_metal, _thread_gone, _gpu_reset, _deadlock, _holds_slot, _memory):
         found = check(facts, signs)
         if found is not None:
             return found
@@ -150,6 +157,21 @@ def _metal(f: Facts, s: Signs) -> Diagnosis | None:
     else:
         return None
     return Diagnosis(Cause.METAL_ERROR, f"its log: {said}; {held}")
+
+
+def _gpu_reset(f: Facts, s: Signs) -> Diagnosis | None:
+    """Its answer to the watchdog's own request is 200 with no token, where this same process
+    gave tokens before: something broke under it (a model that answers nothing from its start
+    never served). macOS's GPU event reports since it started say what."""
+    if f.state != "dead" or f.empty_in is None or not f.served:
+        return None
+    because = (
+        f"it answers the probe 200 with no token in {f.empty_in * 1000:.0f} ms, "
+        "where this same process gave tokens before"
+    )
+    if s.gpu_events:
+        because += f"; macOS recorded a GPU event since it started ({s.gpu_events[0]})"
+    return Diagnosis(Cause.GPU_RESET, because)
 
 
 def _lost_thread(f: Facts, s: Signs) -> str | None:
@@ -233,6 +255,10 @@ NEXT_STEP: dict[Cause, str] = {
         "give it less to hold: a smaller model or context, a smaller prompt cache, fewer servers"
     ),
     Cause.MEMORY_PRESSURE: "run fewer or smaller models at once, or give the machine more memory",
+    Cause.GPU_RESET: (
+        "a restart clears it; if it comes back, keep macOS up to date and give the GPU less at "
+        "once (a smaller model or batch): a GPU reset is the system's, not the server's"
+    ),
     Cause.EXITED: "read the server's log for why it exits (`mlx-watchdog history --show`)",
     Cause.UNKNOWN: "read `mlx-watchdog history --show` of an incident for its stack and log",
 }

@@ -79,9 +79,21 @@ def cause_of(obs: Observation, state: State, s: ProbeSettings, now: float) -> Di
         leaked=leaked_requests(load, proc, fans_out=obs.fans_out),
         progressing=said is not None and not said.finished and said.age_s < s.slow_after,
         gone=state == State.DOWN and proc.pid is None and proc.local,
+        empty_in=_empty_in(probe),
+        served=obs.served,
         idle_below=s.idle_cpu_percent,
     )
     return diagnose(facts, obs.signs or Signs())
+
+
+EMPTY = (ProbeFinding.ZERO_TOKENS, ProbeFinding.DONE_WITHOUT_TOKEN, ProbeFinding.NO_DATA_EVENTS)
+
+
+def _empty_in(probe: ProbeSnapshot) -> float | None:
+    """How long a 200 answer with no token took; None for any other answer."""
+    if probe.finding not in EMPTY or probe.status != 200 or probe.done_at is None:
+        return None
+    return probe.done_at - probe.started_at
 
 
 PREFILL_SHOWN = (State.BUSY, State.WEDGED, State.SLOW)  # states where a prefill explains

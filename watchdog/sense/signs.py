@@ -138,6 +138,7 @@ class Signs:
     errors: tuple[LogError, ...] = ()
     idle_cpu: tuple[float, ...] = ()  # the process's CPU % at each look since the probe went
     machine: Machine | None = None
+    gpu_events: tuple[str, ...] = ()  # macOS's GPU event reports since the process started
 
 
 def gib(n: int) -> str:
