@@ -266,12 +266,14 @@ def bad_servers(folder: Path) -> Iterator[Callable[..., Running]]:
         ok_requests: int | None = None,
         port: int | None = None,
         extra: tuple[str, ...] = (),
+        under: tuple[str, ...] = (),  # a command it runs under, that execs it: ("nice", ...)
     ) -> Running:
         port = port or free_port()
         log = folder / f"bad-{mode}-{port}-{len(started)}.log"
         fh = log.open("wb")
         proc = subprocess.Popen(
             [
+                *under,
                 sys.executable,
                 str(TESTS / "badserver.py"),
                 "--port",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -485,3 +487,119 @@ def test_a_gpu_reset_is_named_and_cured_by_a_restart(
     assert incident.state == "dead" and incident.evidence["cause"] == "gpu_reset", incident.reason
     assert "where this same process gave tokens before" in incident.evidence["cause_because"]
     assert w.manager.pid() != pid
+
+
+# -- throttled: a prefill far slower than its calibration, the system holding it back -----------
+
+
+def test_a_prefill_far_below_its_calibration_is_throttled_only_when_nothing_else_explains_it() -> (
+    None
+):
+    from mlx_watchdog.judge.cause import throttled
+
+    working = {"cpu": 95.0, "idle_below": 5.0}
+    found = throttled(250.0, 2000.0, others=10.0, clamp="nice 15", **working)
+    assert found is not None and found.cause is Cause.THROTTLED
+    assert "250 tokens/s, 1/8 of the 2,000" in found.because
+    assert "quiet (10% of a core)" in found.because and "holds it back: nice 15" in found.because
+    # The system seen holding it back names it even on a busy machine ...
+    assert throttled(250.0, 2000.0, others=180.0, clamp="nice 15", **working) is not None
+    # ... but a busy machine with no clamp is contention, not a throttle.
+    assert throttled(250.0, 2000.0, others=180.0, clamp=None, **working) is None
+    # Slower by less than 4x, an idle process, no calibration: not it.
+    assert throttled(600.0, 2000.0, others=10.0, clamp="nice 15", **working) is None
+    assert throttled(250.0, 2000.0, cpu=1.0, idle_below=5.0, others=10.0, clamp="x") is None
+    assert throttled(250.0, None, others=10.0, clamp="nice 15", **working) is None
+
+
+def test_the_calibrated_rate_is_its_curves_slope_where_the_prefill_is() -> None:
+    from mlx_watchdog.judge.estimate import calibrated_rate
+
+    linear = {"fit": {"a": 0.2, "b": 1 / 2000, "c": 0.0}}
+    assert calibrated_rate(linear, 8000) == pytest.approx(2000.0)
+    slowing = {"fit": {"a": 0.0, "b": 1 / 2000, "c": 1e-8}}  # attention grows with the context
+    assert calibrated_rate(slowing, 50_000) == pytest.approx(1 / (1 / 2000 + 1e-3))
+    for bad in (None, {}, {"fit": {"b": "x", "c": 0}}, {"fit": {"b": 0, "c": 0}}, {"fit": 3}):
+        assert calibrated_rate(bad, 1000) is None
+
+
+def test_a_niced_process_is_seen_held_back_and_a_cgroup_quota_read() -> None:
+    from mlx_watchdog.sense import sched
+
+    if sys.platform == "darwin":
+        pytest.skip("macOS reads ps -o pri=, not nice")
+    ours = os.nice(0)
+    child = subprocess.Popen(["nice", "-n", "15", "sleep", "30"])
+    try:
+        until(lambda: psutil.Process(child.pid).name() == "sleep", 10, "nice to exec sleep")
+        said = sched.clamp(child.pid)
+        assert said is not None and f"nice {min(19, ours + 15)}" in said
+    finally:
+        child.kill()
+        child.wait()
+    if ours < sched.NICE_CLAMPS:
+        held = sched.clamp(os.getpid())
+        assert held is None or "nice" not in held
+
+
+def test_a_cpu_quota_under_a_core_is_read_from_the_process_cgroup(tmp_path: Path) -> None:
+    from mlx_watchdog.sense.sched import _cpu_quota
+
+    (tmp_path / "proc/42").mkdir(parents=True)
+    (tmp_path / "proc/42/cgroup").write_text("0::/user.slice/mlx.service\n")
+    group = tmp_path / "sys/fs/cgroup/user.slice/mlx.service"
+    group.mkdir(parents=True)
+    (group / "cpu.max").write_text("50000 100000\n")
+    assert _cpu_quota(42, tmp_path) == "a CPU quota of 0.5 of a core (cgroup cpu.max)"
+    (group / "cpu.max").write_text("max 100000\n")
+    assert _cpu_quota(42, tmp_path) is None
+    (group / "cpu.max").write_text("200000 100000\n")  # two cores: no clamp for one process
+    assert _cpu_quota(42, tmp_path) is None
+    assert _cpu_quota(43, tmp_path) is None
+
+
+def test_a_throttled_prefill_is_named_with_the_key_to_set(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """The stand-in prefills at 250 tokens/s under `nice -n 15`, where its calibration
+    measured 2,000: an abandoned prompt's wedge is named throttled, with what holds it back."""
+    from tests.builders import restarts_took
+
+    port = free_port()
+    state = tmp_path / "state"
+    server = {
+        "name": "t",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": ["nice", "-n", "15", *badserver_argv(port, "prefill", "--rate", "250")],
+        "log_file": str(tmp_path / "server.log"),
+        "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
+    }
+    restarts_took(state, "t", 60.0)  # a restart costs more: the wedge is waited for
+    from mlx_watchdog.record.store import Store
+
+    store = Store(state / "history.db")
+    store.save_calibration("t", time.time(), {"fit": {"a": 0.1, "b": 1 / 2000, "c": 0.0}})
+    store.close()
+    t = run_daemon(Daemon(parse_config(watchdog_config(state, [server], interval="300ms"))))
+    w = t.daemon.cycles["t"]
+    until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "it serves")
+    from mlx_watchdog.demo.run import send
+
+    assert send(f"http://127.0.0.1:{port}", "word " * 3000, timeout=0.3) == "gave up"
+    until(lambda: t.daemon.store.incidents(0.0), 30, "the wedge")
+
+    def named() -> bool:
+        v = w.verdict
+        return v is not None and v.evidence.cause == "throttled"
+
+    until(named, 30, "the throttle named")
+    assert w.verdict is not None
+    because = w.verdict.evidence.cause_because or ""
+    assert "1/8 of the 2,000 its calibration measured" in because, because
+    assert "nice 15" in because
+    from mlx_watchdog.serve.page import _notes
+
+    page = " ".join(_notes(t.daemon.status()["servers"][0]))
+    assert "Cause: the system throttles the server" in page and "ProcessType" in page, page

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import plistlib
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -312,3 +314,57 @@ def test_the_deadline_a_resent_prompt_needs_is_named_from_the_last_days_recoveri
     assert [(f.level, f.what, f.detail) for f in found] == [
         ("warning", "mac1", f"in the last day {said}")
     ]
+
+
+def test_a_launchd_job_without_process_type_interactive_is_named_with_the_key(
+    tmp_path: Path,
+) -> None:
+    from mlx_watchdog.advice.doctor import process_type
+
+    plist = tmp_path / "com.example.mlx-server.plist"
+    job = {"Label": "com.example.mlx-server", "ProgramArguments": ["mlx_lm.server"]}
+    plist.write_bytes(plistlib.dumps(job))
+    raw = {
+        "watchdog": {"state_dir": str(tmp_path / "state")},
+        "server": [
+            {
+                "name": "mac1",
+                "url": "http://127.0.0.1:1",
+                "manager": "launchd",
+                "label": "com.example.mlx-server",
+                "plist": str(plist),
+            }
+        ],
+    }
+    findings = doctor(parse_config(raw), tmp_path)
+    (said,) = [f for f in findings if "ProcessType" in f.detail]
+    assert said.level == "warning" and "no ProcessType" in said.detail
+    assert "<key>ProcessType</key><string>Interactive</string>" in said.fix
+    plist.write_bytes(plistlib.dumps({**job, "ProcessType": "Background"}))
+    assert process_type(plist) == ("Background", None)
+    plist.write_bytes(plistlib.dumps({**job, "ProcessType": "Interactive"}))
+    findings = doctor(parse_config(raw), tmp_path)
+    assert any(f.level == "ok" and "ProcessType Interactive" in f.detail for f in findings)
+    for garbage in (b"<plist><dict><key>x", b"\x00garbage", plistlib.dumps([1, 2])):
+        plist.write_bytes(garbage)
+        kind, problem = process_type(plist)
+        assert kind is None and problem is not None and str(plist) in problem
+    assert process_type(tmp_path / "absent.plist")[1] is not None
+
+
+def test_a_server_process_the_system_holds_back_is_named(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    if sys.platform == "darwin":
+        pytest.skip("macOS reads ps -o pri=, not nice")
+    srv = bad_server("ok", under=("nice", "-n", "15"))
+    config = parse_config(
+        {
+            "watchdog": {"state_dir": str(tmp_path / "state")},
+            "server": [{"name": "mac1", "url": srv.url, "match": "badserver"}],
+        }
+    )
+    findings = doctor(config, tmp_path)
+    (said,) = [f for f in findings if "holds its process" in f.detail]
+    assert said.level == "warning" and f"PID {srv.proc.pid}" in said.detail
+    assert "nice 1" in said.detail and "ProcessType Interactive" in said.fix

@@ -22,6 +22,7 @@ from mlx_watchdog.sense.own_connections import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
 from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_unread
+from mlx_watchdog.sense.sched import Clamp, MachineLoad, clamp
 from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.stack import Stacker
 
@@ -60,6 +61,7 @@ class Checker:
         stacker: Stacker | None = None,
         memory: MemoryWatch | None = None,
         gpu_reports: GpuEvents = gpu_events,
+        clamp_of: Clamp = clamp,
     ) -> None:
         self.server = server
         self.left = left or LeftProbes(None)
@@ -83,6 +85,9 @@ class Checker:
         self.stacker = stacker or Stacker()
         self.memory = memory or MemoryWatch()
         self.gpu_reports = gpu_reports
+        self.clamp_of = clamp_of
+        self.clamped: tuple[int, str | None] | None = None  # the last PID read, and its clamp
+        self.machine_load = MachineLoad()
         self.cpu_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
 
@@ -243,7 +248,17 @@ class Checker:
             idle_cpu=tuple(self.cpu_over_wait),
             machine=self.memory.look() if suspected and local else None,
             gpu_events=self._gpu_events(snap, process) if local else (),
+            clamp=self._clamp(pid) if suspected and local else None,
+            others_cpu=self.machine_load.others(cpu) if suspected and local else None,
         )
+
+    def _clamp(self, pid: int | None) -> str | None:
+        """Read once per process: a service's limits do not change while it runs."""
+        if pid is None:
+            return None
+        if self.clamped is None or self.clamped[0] != pid:
+            self.clamped = (pid, self.clamp_of(pid))
+        return self.clamped[1]
 
     def _gpu_events(self, snap: ProbeSnapshot, process: ProcessSample) -> tuple[str, ...]:
         empty = snap.done and snap.status == 200 and snap.tokens == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
-from mlx_watchdog.advice.calibrate import Advice, refusal
+from mlx_watchdog.advice.calibrate import Advice, refusal, serving_process
 from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
@@ -29,6 +29,7 @@ from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.sense.process import is_local_host
 from mlx_watchdog.sense.progress import PARSED_KINDS, progress_source, unread_cost
+from mlx_watchdog.sense.sched import Clamp, clamp
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
 __all__ = ["Finding", "Level", "exit_code", "mac_findings", "run_doctor"]
@@ -44,6 +45,7 @@ def run_doctor(
     home: Path | None = None,
     env: Mapping[str, str] | None = None,
     now: Callable[[], float] = time.time,
+    clamp_of: Clamp = clamp,
 ) -> Iterator[Finding]:
     system = system or System()
     home = home or Path.home()
@@ -62,6 +64,7 @@ def run_doctor(
         advice: dict[str, Advice] = {}
         for server in config.servers:
             yield from _server(server, store, now(), advice, left_probes(config.watchdog.state_dir))
+            yield from _throttle(server, home, clamp_of)
         if litellm is not None:
             yield from litellm_findings(litellm, config, advice)
     finally:
@@ -137,6 +140,62 @@ def _server(
             f"in the last day {resent[-1]}",
             "raise that client's timeout (and its proxy's) to the figure above",
         )
+
+
+PLIST_MAX = 1 << 20
+THROTTLE_FIX = "set <key>ProcessType</key><string>Interactive</string> in {}, then reload the job"
+
+
+def _throttle(server: ServerConfig, home: Path, clamp_of: Clamp) -> Iterator[Finding]:
+    """What holds the server back where a shell would not: its launchd job's ProcessType, and
+    the limits the system puts on its process now."""
+    if server.manager == "launchd" and (server.plist or server.label):
+        path = server.plist or home / "Library" / "LaunchAgents" / f"{server.label}.plist"
+        kind, problem = process_type(path)
+        if problem is not None:
+            yield Finding("warning", server.name, f"cannot read its job's ProcessType: {problem}")
+        elif kind != "Interactive":
+            said = f"ProcessType {kind}" if kind else "no ProcessType"
+            yield Finding(
+                "warning",
+                server.name,
+                f"its launchd job has {said} ({path}): launchd then throttles its CPU and I/O "
+                "(a prefill several times slower than from a shell)",
+                THROTTLE_FIX.format(path),
+            )
+        else:
+            yield Finding("ok", server.name, "its launchd job runs as ProcessType Interactive")
+    if not is_local_host(server.host):
+        return
+    found = serving_process(server)
+    held = clamp_of(found[0]) if found is not None else None
+    if held is not None:
+        yield Finding(
+            "warning",
+            server.name,
+            f"the system holds its process (PID {found[0] if found else '?'}) back: {held}",
+            "run it without the limit (a unit's Nice=, CPUSchedulingPolicy=, CPUQuota=; a "
+            "launchd job's ProcessType Interactive)",
+        )
+
+
+def process_type(path: Path) -> tuple[str | None, str | None]:
+    """A launchd plist's ProcessType (None: unset), or why it could not be read."""
+    import plistlib
+    from xml.parsers.expat import ExpatError
+
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(PLIST_MAX + 1)
+        if len(data) > PLIST_MAX:
+            return None, f"{path} is larger than {PLIST_MAX >> 20} MiB"
+        doc = plistlib.loads(data)
+    except (OSError, plistlib.InvalidFileException, ValueError, ExpatError) as exc:
+        return None, f"{path}: {exc}"
+    if not isinstance(doc, dict):
+        return None, f"{path} is not a launchd job (not a dictionary)"
+    kind = doc.get("ProcessType")
+    return (str(kind) if kind is not None else None), None
 
 
 def _progress(server: ServerConfig) -> Iterator[Finding]:

@@ -27,9 +27,17 @@ from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
 from mlx_watchdog.judge.budget import LastRestart
-from mlx_watchdog.judge.cause import NO_PROGRESS, WORDS, Cause, budget_spent, recurring
+from mlx_watchdog.judge.cause import (
+    NO_PROGRESS,
+    WORDS,
+    Cause,
+    Diagnosis,
+    budget_spent,
+    recurring,
+    throttled,
+)
 from mlx_watchdog.judge.clearing import Clearing
-from mlx_watchdog.judge.estimate import WorkLeft, curve, work_left
+from mlx_watchdog.judge.estimate import WorkLeft, calibrated_rate, curve, work_left
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
@@ -218,7 +226,7 @@ class Cycle:
         return self.verdict
 
     def _judged(self, v: Verdict) -> None:
-        v = self._recurring(v)
+        v = self._throttled(self._recurring(v))
         before = self.verdict.state if self.verdict else None
         self.verdict = v
         now = self.judged_at = self.wall()
@@ -336,10 +344,28 @@ class Cycle:
             f"the last {self.server.restart.window:g} s, each cured; a restart treats the "
             "symptom: the clients' timeouts must outlast their prefill"
         )
-        old = f"; cause: {WORDS[Cause.ABANDONED_PREFILL]}"
-        reason = v.reason.replace(old, f"; cause: {WORDS[cause]} ({because})")
-        evidence = dataclasses.replace(v.evidence, cause=str(cause), cause_because=because)
-        return dataclasses.replace(v, reason=reason, evidence=evidence)
+        return _renamed(v, Diagnosis(cause, because))
+
+    def _throttled(self, v: Verdict) -> Verdict:
+        """A failing server whose prefill runs far below its calibration, the system holding it
+        back or nothing else running: named for that (a restart starts it under the same
+        limits)."""
+        e = v.evidence
+        renamable = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS, Cause.UNKNOWN)
+        if v.state not in BAD_STATES or e.cause not in renamable or e.prefill_rate_tps is None:
+            return v
+        expected = calibrated_rate(
+            self.store.last_calibration(self.server.name), e.prefill_done or 0
+        )
+        found = throttled(
+            e.prefill_rate_tps,
+            expected,
+            cpu=e.cpu_percent,
+            others=e.others_cpu_percent,
+            clamp=e.clamp,
+            idle_below=self.server.probe.idle_cpu_percent,
+        )
+        return v if found is None else _renamed(v, found)
 
     def cured_lately(self) -> int:
         """Incidents from abandoned requests in the budget's window that ended served."""
@@ -648,3 +674,10 @@ class Cycle:
         said = self.sight.look(self.blindness(mono, interval), state)
         if said is not None:
             self.emit(*said)
+
+
+def _renamed(v: Verdict, found: Diagnosis) -> Verdict:
+    """The verdict with its cause named anew (the cause is the reason's last part)."""
+    reason = v.reason.split("; cause: ", 1)[0] + f"; cause: {found.describe()}"
+    evidence = dataclasses.replace(v.evidence, cause=str(found.cause), cause_because=found.because)
+    return dataclasses.replace(v, reason=reason, evidence=evidence)

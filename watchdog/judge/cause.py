@@ -12,6 +12,9 @@ Each cause has its own cure and its own fix upstream:
 - gpu_reset: a process that served answers 200 with no token, at once (the GPU was reset under
   it and the runner stays broken: ollama #18213, llama.cpp #20141); macOS's gpuEvent reports
   corroborate;
+- throttled: its prefill runs far slower than its calibration while the rest of the machine is
+  quiet or the system holds it back (a launchd job without ProcessType Interactive, a nice
+  value, a CPU quota): a cycle's judgement, with the calibration (see `throttled`);
 - memory_pressure: the machine is out of memory and swapping (mlx-lm #1252, Ollama #18131);
 - client_timeouts: the same wedge back again and again, each restart curing it: clients give up
   before their prefill ends (a cycle's judgement, from its incidents; see `recurring`);
@@ -44,6 +47,7 @@ class Cause(StrEnum):
     METAL_ERROR = "metal_error"
     GPU_RESET = "gpu_reset"
     MEMORY_PRESSURE = "memory_pressure"
+    THROTTLED = "throttled"
     CLIENT_TIMEOUTS = "client_timeouts"
     EXITED = "exited"
     UNKNOWN = "unknown"
@@ -57,6 +61,7 @@ WORDS: dict[Cause, str] = {
     Cause.METAL_ERROR: "a Metal (GPU) error",
     Cause.GPU_RESET: "the GPU was reset under it: it answers with no token",
     Cause.MEMORY_PRESSURE: "the machine is out of memory",
+    Cause.THROTTLED: "the system throttles the server",
     Cause.CLIENT_TIMEOUTS: "clients time out before their prefill ends",
     Cause.EXITED: "the server process is gone",
     Cause.UNKNOWN: "unknown",
@@ -255,6 +260,12 @@ NEXT_STEP: dict[Cause, str] = {
         "give it less to hold: a smaller model or context, a smaller prompt cache, fewer servers"
     ),
     Cause.MEMORY_PRESSURE: "run fewer or smaller models at once, or give the machine more memory",
+    Cause.THROTTLED: (
+        "let it run at full speed: a launchd job needs `<key>ProcessType</key>"
+        "<string>Interactive</string>` in its plist (unset, launchd throttles its CPU and I/O), "
+        "a systemd unit no `Nice=`, `CPUSchedulingPolicy=idle|batch` or `CPUQuota=`; "
+        "`mlx-watchdog doctor` reads them"
+    ),
     Cause.GPU_RESET: (
         "a restart clears it; if it comes back, keep macOS up to date and give the GPU less at "
         "once (a smaller model or batch): a GPU reset is the system's, not the server's"
@@ -285,3 +296,38 @@ def recurring(cause: Cause, earlier: int, threshold: int = 2) -> Cause:
     if cause is Cause.ABANDONED_PREFILL and earlier >= threshold:
         return Cause.CLIENT_TIMEOUTS
     return cause
+
+
+SLOWER = 4.0  # a prefill this many times slower than its calibration measured is throttled
+QUIET = 50.0  # the rest of the machine under this % of one core: nothing else runs
+
+
+def throttled(
+    rate_tps: float | None,
+    expected_tps: float | None,
+    *,
+    cpu: float | None,
+    others: float | None,
+    clamp: str | None,
+    idle_below: float,
+) -> Diagnosis | None:
+    """A prefill far slower than its calibration, while its process works and nothing else on
+    the machine explains it (the rest quiet), or the system is seen holding it back. The rate is
+    the log's (which only corroborates); the process's CPU, the machine's and the clamp are
+    signs no client writes."""
+    if rate_tps is None or expected_tps is None or rate_tps <= 0:
+        return None
+    if rate_tps * SLOWER > expected_tps or cpu is None or cpu < idle_below:
+        return None
+    quiet = others is not None and others < QUIET
+    if clamp is None and not quiet:
+        return None  # other work on the machine may take its share: contention, not a clamp
+    because = (
+        f"its prefill runs at {rate_tps:,.0f} tokens/s, 1/{expected_tps / rate_tps:.0f} of the "
+        f"{expected_tps:,.0f} its calibration measured there"
+    )
+    if quiet:
+        because += f", while the rest of the machine is quiet ({others:.0f}% of a core)"
+    if clamp is not None:
+        because += f"; the system holds it back: {clamp}"
+    return Diagnosis(Cause.THROTTLED, because)

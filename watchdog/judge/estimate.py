@@ -81,3 +81,17 @@ def work_left(size: int | None, held_s: float | None, found: Curve | None) -> Wo
         f"{lo:.0f}-{hi:.0f} s of it is left"
     )
     return WorkLeft(lo, hi, why)
+
+
+def calibrated_rate(doc: Mapping[str, Any] | None, tokens: int) -> float | None:
+    """The prefill rate (tokens a second) a calibration measured `tokens` into a prompt: its
+    fitted curve's slope there. None without a usable fit."""
+    try:
+        fit = doc["fit"] if doc else None
+        b, c = float(fit["b"]), float(fit["c"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
+    slope = b + 2 * c * max(0, tokens)
+    if not (0 < slope < float("inf")):
+        return None
+    return 1.0 / slope

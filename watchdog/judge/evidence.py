@@ -104,6 +104,8 @@ class Evidence:
     prefill_age_s: float | None = None
     prefill_step_s: float | None = None
     progress_problem: str | None = None
+    clamp: str | None = None  # how the operating system holds the process back
+    others_cpu_percent: float | None = None  # the rest of the machine's CPU, % of one core
     cause: str | None = None  # why a failing server fails (judge/cause.py); None: not failing
     cause_because: str | None = None  # the evidence that named it
 
@@ -166,6 +168,8 @@ def evidence(
         server_progress_still_s=_r(load.stalled()) if load else None,
         health_status=load.health_status if load else None,
         **_prefill(obs.prefill, obs.progress_problem),
+        clamp=obs.signs.clamp if obs.signs is not None else None,
+        others_cpu_percent=_r(obs.signs.others_cpu) if obs.signs is not None else None,
         cause=str(found.cause) if found else None,
         cause_because=found.because or None if found else None,
     )

@@ -139,6 +139,8 @@ class Signs:
     idle_cpu: tuple[float, ...] = ()  # the process's CPU % at each look since the probe went
     machine: Machine | None = None
     gpu_events: tuple[str, ...] = ()  # macOS's GPU event reports since the process started
+    clamp: str | None = None  # how the operating system holds the process back (sense/sched.py)
+    others_cpu: float | None = None  # the rest of the machine's CPU, % of one core
 
 
 def gib(n: int) -> str:
