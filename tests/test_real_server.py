@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.sense.findings import Prefill
 from tests.builders import REAL, watched
-from tests.conftest import Running, StartServer, free_port, mlx_watchdog
+from tests.conftest import Running, StartServer, free_port, mlx_watchdog, until, wait_until_idle
 
 pytestmark = pytest.mark.real_server
 
@@ -109,7 +110,6 @@ def test_connection_refused_is_down() -> None:
 def test_the_servers_log_tells_the_prefill_a_departed_client_left(batched_server: Running) -> None:
     """mlx_lm.server logs each prefill step, for a client that left too: read from its log."""
     from mlx_watchdog.sense.progress import LogProgress
-    from tests.conftest import until, wait_until_idle
 
     reader = LogProgress(batched_server.log)
     before = reader.read()  # from here on, only what the server writes next
@@ -126,3 +126,71 @@ def test_the_servers_log_tells_the_prefill_a_departed_client_left(batched_server
     assert 0 <= said.age_s < 120
     assert said.describe().startswith("prefill")
     wait_until_idle(batched_server)  # the abandoned prefill ends before the next test
+
+
+class Streamed:
+    """A streamed chat request on its own connection, read as it comes until closed."""
+
+    def __init__(self, url: str, body: dict[str, object]) -> None:
+        import socket
+        import threading
+
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        data = json.dumps({"messages": [{"role": "user", "content": "hello"}], **body}).encode()
+        self.sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        self.got = 0
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            while part := self.sock.recv(1 << 16):
+                self.got += len(part)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.reader.join(10)
+
+
+def test_a_batch_drained_for_a_request_it_cannot_batch_is_named(batched_server: Running) -> None:
+    """mlx-lm 0.32.2 drains its batch before a request with a seed and reads no new request
+    meanwhile: the probe waits while a client is streamed tokens. Busy, said so, and at
+    max_busy named batch_drain, from the kernel's count of what it sends each connection."""
+    from dataclasses import replace
+
+    from mlx_watchdog.act.check import Checker
+
+    long = Streamed(batched_server.url, {"max_tokens": 100_000, "stream": True})
+    until(lambda: long.got > 10_000, 30, "the long answer to stream")
+    seeded = Streamed(batched_server.url, {"max_tokens": 50, "stream": True, "seed": 1})
+    spans = replace(REAL, slow_after=0.5, wedge_after=1.0, max_busy=3.0, hard_timeout=60.0)
+    checker = Checker(watched(batched_server.url, name="real", match="mlx_lm", probe=spans))
+    seen: list[str] = []
+    try:
+
+        def named() -> bool:
+            v = checker.judge(batched_server.proc.pid)
+            if v is not None:
+                seen.append(v.reason)
+            return v is not None and v.evidence.cause == "batch_drain"
+
+        until(named, 30, "the drain named", step=0.25)
+        assert any(r.startswith("busy:") and "it takes no new request" in r for r in seen), seen
+        assert "longer than max_busy" in seen[-1] and "cause: it drains its batch" in seen[-1]
+        assert seeded.got == 0  # the seeded request waits too
+    finally:
+        checker.abort()
+        long.close()
+        seeded.close()
+    wait_until_idle(batched_server)

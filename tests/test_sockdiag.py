@@ -195,3 +195,34 @@ def test_where_the_kernel_cannot_be_asked_psutil_is_read(
     client.close()
     until(lambda: Inspector(server, table=table).sample(pid=os.getpid()).abandoned == 1, 5, "gone")
     a.close()
+
+
+@linux
+def test_each_socket_says_how_much_the_server_sent_on_it_and_when(listener: socket.socket) -> None:
+    """What the server answered on each connection, acknowledged by its peer, as the kernel
+    counts it (getsockopt(TCP_INFO) on the same socket): a streamed answer grows, a waiting
+    request has had nothing."""
+    port = listener.getsockname()[1]
+    fed = socket.create_connection(("127.0.0.1", port))
+    a, _ = listener.accept()
+    starved = socket.create_connection(("127.0.0.1", port))
+    b, _ = listener.accept()
+    a.sendall(b"y" * 5_000)
+    got = 0
+    while got < 5_000:
+        got += len(fed.recv(1 << 20))
+
+    def by_peer() -> dict[int, sockdiag.Socket]:
+        return {
+            s.raddr.port: s for s in sockdiag.sockets(port, [socket.AF_INET]) if s.raddr is not None
+        }
+
+    until(lambda: by_peer()[fed.getsockname()[1]].acked == 5_000, 5, "the answer acknowledged")
+    found = by_peer()
+    info = a.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    assert found[fed.getsockname()[1]].acked == struct.unpack_from("=Q", info, 120)[0] == 5_000
+    assert found[starved.getsockname()[1]].acked == 0
+    sent_quiet = found[fed.getsockname()[1]].sent_quiet_ms
+    assert sent_quiet is not None and sent_quiet < 60_000
+    for s in (fed, starved, a, b):
+        s.close()

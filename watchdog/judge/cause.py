@@ -15,6 +15,8 @@ Each cause has its own cure and its own fix upstream:
 - throttled: its prefill runs far slower than its calibration while the rest of the machine is
   quiet or the system holds it back (a launchd job without ProcessType Interactive, a nice
   value, a CPU quota): a cycle's judgement, with the calibration (see `throttled`);
+- batch_drain: a batched mlx_lm.server answers some connections while the probe gets nothing:
+  it takes no new request until its batch drains (before a request it cannot batch);
 - memory_pressure: the machine is out of memory and swapping (mlx-lm #1252, Ollama #18131);
 - client_timeouts: the same wedge back again and again, each restart curing it: clients give up
   before their prefill ends (a cycle's judgement, from its incidents; see `recurring`);
@@ -48,6 +50,7 @@ class Cause(StrEnum):
     GPU_RESET = "gpu_reset"
     MEMORY_PRESSURE = "memory_pressure"
     THROTTLED = "throttled"
+    BATCH_DRAIN = "batch_drain"
     CLIENT_TIMEOUTS = "client_timeouts"
     EXITED = "exited"
     UNKNOWN = "unknown"
@@ -62,6 +65,7 @@ WORDS: dict[Cause, str] = {
     Cause.GPU_RESET: "the GPU was reset under it: it answers with no token",
     Cause.MEMORY_PRESSURE: "the machine is out of memory",
     Cause.THROTTLED: "the system throttles the server",
+    Cause.BATCH_DRAIN: "it drains its batch and takes no new request",
     Cause.CLIENT_TIMEOUTS: "clients time out before their prefill ends",
     Cause.EXITED: "the server process is gone",
     Cause.UNKNOWN: "unknown",
@@ -99,6 +103,7 @@ class Facts:
     leaked: int = 0
     progressing: bool = False  # the server's log shows a prefill moving now
     gone: bool = False  # down, and no server process is running
+    drained: int = 0  # connections it answers now while the probe has had nothing
     empty_in: float | None = None  # the probe's answer: 200 with no token, in this many seconds
     served: bool = False  # this same process gave the watchdog a token before
     idle_below: float = 5.0  # the CPU % under which the process is idle
@@ -110,7 +115,8 @@ THREAD_DIED = "generation thread died"  # mlx-lm 0.32.2's words, in its log and 
 def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
     """The cause the evidence shows; unknown unless a strong sign or two weak ones agree."""
     # A Metal failure first: it is what kills the thread (mlx-lm #1505), the more specific.
-    for check in (_metal, _thread_gone, _gpu_reset, _deadlock, _holds_slot, _memory):
+    checks = (_metal, _thread_gone, _gpu_reset, _deadlock, _batch_drain, _holds_slot, _memory)
+    for check in checks:
         found = check(facts, signs)
         if found is not None:
             return found
@@ -217,6 +223,20 @@ def _idle(f: Facts, s: Signs) -> bool:
     return n >= MIN_IDLE_READINGS and sum(s.idle_cpu) / n < f.idle_below
 
 
+def _batch_drain(f: Facts, s: Signs) -> Diagnosis | None:
+    """It sends tokens on other connections while the probe has had nothing: serving, but no
+    new request is taken (the kernel's byte counts: a sign no client writes)."""
+    if not f.drained or f.state != "wedged":
+        return None
+    n = f.drained
+    return Diagnosis(
+        Cause.BATCH_DRAIN,
+        f"{n} connection{'s are' if n != 1 else ' is'} sent tokens while the probe has had "
+        "nothing: no new request is read until its batch ends (mlx-lm drains it before a "
+        "request it cannot batch: a seed, an image, another model)",
+    )
+
+
 def _holds_slot(f: Facts, s: Signs) -> Diagnosis | None:
     # The verdict's reason already counts them.
     if f.abandoned:
@@ -260,6 +280,11 @@ NEXT_STEP: dict[Cause, str] = {
         "give it less to hold: a smaller model or context, a smaller prompt cache, fewer servers"
     ),
     Cause.MEMORY_PRESSURE: "run fewer or smaller models at once, or give the machine more memory",
+    Cause.BATCH_DRAIN: (
+        "nothing to restart while its clients are served: have clients leave out `seed` (and "
+        "send images to a server of their own), or serve one model per server; a client that "
+        "left is cured as an abandoned request"
+    ),
     Cause.THROTTLED: (
         "let it run at full speed: a launchd job needs `<key>ProcessType</key>"
         "<string>Interactive</string>` in its plist (unset, launchd throttles its CPU and I/O), "

@@ -81,6 +81,7 @@ def cause_of(obs: Observation, state: State, s: ProbeSettings, now: float) -> Di
         gone=state == State.DOWN and proc.pid is None and proc.local,
         empty_in=_empty_in(probe),
         served=obs.served,
+        drained=drained(obs, s, now),
         idle_below=s.idle_cpu_percent,
     )
     return diagnose(facts, obs.signs or Signs())
@@ -182,7 +183,10 @@ def _waiting(obs: Observation, s: ProbeSettings, now: float) -> Judged:
     abandoned, live = proc.abandoned, proc.live
     if waited < s.wedge_after:
         if live and not abandoned:
-            return State.BUSY, f"{_clients(live)} being served; the probe has waited {_s(waited)}"
+            return State.BUSY, (
+                f"{_clients(live)} being served; the probe has waited {_s(waited)}"
+                f"{_drain_note(obs, s, now)}"
+            )
         held = f"; {_abandoned(abandoned)}" if abandoned else ""
         return State.SLOW, f"no token yet after {_s(waited)}{got}{held}"
     return _past_wedge_after(obs, s, now, got)
@@ -256,6 +260,39 @@ def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) 
     still = f", its progress counter still for {_s(stalled)}" if said and stalled else ""
     return State.BUSY, (
         f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}{said}{still}"
+        f"{_drain_note(obs, s, now)}"
+    )
+
+
+FED_WITHIN = 1.0  # s: a connection the server sent data this recently is being answered now
+
+
+def drained(obs: Observation, s: ProbeSettings, now: float) -> int:
+    """Connections a batched mlx_lm server is answering now (the kernel's count of what it sent
+    them, a sign no client writes) while the probe, past slow_after, has had no byte: it takes
+    no new request. mlx-lm 0.32.2 drains its batch before a request it cannot batch (a seed, an
+    image, another model: server.py `drain_batch`) and reads none until the batch ends. 0 where
+    not seen, or where the server serves one request at a time anyway (--draft-model)."""
+    probe, proc = obs.probe, obs.process
+    if obs.kind != "mlx_lm" or "--draft-model" in proc.cmdline or probe.bytes or probe.done:
+        return 0
+    if probe.waited(now) < s.slow_after:
+        return 0
+    return sum(
+        1
+        for c in proc.clients
+        if c.status == "live" and c.answered_at is not None and now - c.answered_at < FED_WITHIN
+    )
+
+
+def _drain_note(obs: Observation, s: ProbeSettings, now: float) -> str:
+    n = drained(obs, s, now)
+    if not n:
+        return ""
+    return (
+        f"; it takes no new request: {n} connection{'s are' if n != 1 else ' is'} sent tokens "
+        "while the probe has had nothing (mlx-lm drains its batch before a request it cannot "
+        "batch: one with a seed, an image, another model)"
     )
 
 

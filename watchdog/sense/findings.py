@@ -30,6 +30,8 @@ class Client:
     abandoned_since: float | None
     received: int | None = None  # bytes it sent (its request); None where it cannot be read
     sent_at: float | None = None  # when its last byte came, on the span clock; None: unknown
+    answered: int | None = None  # bytes the server sent it (acknowledged); None: unknown
+    answered_at: float | None = None  # when the server last sent it data, on the span clock
 
     @property
     def sent(self) -> float:

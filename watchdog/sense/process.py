@@ -273,7 +273,14 @@ class Inspector:
             sent_at = before.sent_at if before and before.received == received else None
             if sent_at is None and quiet is not None:
                 sent_at = now - quiet / 1000.0
-            seen[addr] = Client(addr, status, first_seen, since, received, sent_at)
+            answered, sent_quiet = (
+                getattr(conn, "acked", None),
+                getattr(conn, "sent_quiet_ms", None),
+            )
+            answered_at = now - sent_quiet / 1000.0 if answered and sent_quiet is not None else None
+            seen[addr] = Client(
+                addr, status, first_seen, since, received, sent_at, answered, answered_at
+            )
             if status == "abandoned" and (before is None or before.status != "abandoned"):
                 self.gave_up += 1
         return seen

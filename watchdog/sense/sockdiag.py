@@ -30,11 +30,14 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_REQ_BYTECODE = 1
 INET_DIAG_INFO = 2  # an answer's attribute: struct tcp_info
 INFO_EXT = 1 << (INET_DIAG_INFO - 1)  # the request's ext bit for it
-# struct tcp_info (include/uapi/linux/tcp.h): tcpi_last_data_recv (ms) at 52, and
+# struct tcp_info (include/uapi/linux/tcp.h): tcpi_last_data_sent (ms) at 44,
+# tcpi_last_data_recv (ms) at 52, tcpi_bytes_acked (u64, since Linux 4.1) at 120 and
 # tcpi_bytes_received (u64, since Linux 4.1) at 128.
 _LAST_RECV = struct.Struct("=I")
+_LAST_SENT_AT = 44
 _LAST_RECV_AT = 52
 _RECEIVED = struct.Struct("=Q")
+_ACKED_AT = 120
 _RECEIVED_AT = 128
 _ATTR = struct.Struct("=HH")  # rtattr: len, type
 BC_S_GE, BC_S_LE, BC_D_GE, BC_D_LE = 2, 3, 4, 5
@@ -86,6 +89,8 @@ class Socket:
     inode: int
     received: int | None = None  # bytes received on it (its peer's request, for a server)
     quiet_ms: int | None = None  # since it last received data
+    acked: int | None = None  # bytes sent on it that its peer acknowledged (a server's answer)
+    sent_quiet_ms: int | None = None  # since it last sent data
 
 
 def _port_filter(port: int, *, local: bool) -> bytes:
@@ -138,30 +143,41 @@ def parse(data: bytes, seq: int) -> tuple[list[Socket], bool]:
         if family not in (socket.AF_INET, socket.AF_INET6) or state not in STATES:
             continue
         remote = Address(_ip(family, dst), dport) if dport else None
-        received, quiet = _info(data, start + 72, end)
+        info = _info(data, start + 72, end)
         local = Address(_ip(family, src), sport)
-        found.append(Socket(family, STATES[state], local, remote, inode, received, quiet))
+        found.append(Socket(family, STATES[state], local, remote, inode, *info))
     return found, False
 
 
-def _info(data: bytes, at: int, end: int) -> tuple[int | None, int | None]:
-    """The bytes received and ms since the last, from a message's INET_DIAG_INFO attribute
-    (None where the kernel sent none, or one too short to hold them)."""
+Info = tuple[int | None, int | None, int | None, int | None]
+NO_INFO: Info = (None, None, None, None)
+
+
+def _info(data: bytes, at: int, end: int) -> Info:
+    """The bytes received and ms since the last, the bytes sent and acknowledged and ms since
+    the last sent, from a message's INET_DIAG_INFO attribute (None where the kernel sent none,
+    or one too short to hold them)."""
     while at + _ATTR.size <= end:
         size, kind = _ATTR.unpack_from(data, at)
         if size < _ATTR.size or at + size > end:
-            return None, None
+            return NO_INFO
         if kind == INET_DIAG_INFO:
-            payload = at + _ATTR.size
-            quiet = None
-            if size - _ATTR.size >= _LAST_RECV_AT + _LAST_RECV.size:
-                (quiet,) = _LAST_RECV.unpack_from(data, payload + _LAST_RECV_AT)
-            if size - _ATTR.size < _RECEIVED_AT + _RECEIVED.size:
-                return None, quiet
-            (received,) = _RECEIVED.unpack_from(data, payload + _RECEIVED_AT)
-            return int(received), quiet
+            info = data[at + _ATTR.size : at + size]
+            return (
+                _field(info, _RECEIVED_AT, _RECEIVED),
+                _field(info, _LAST_RECV_AT, _LAST_RECV),
+                _field(info, _ACKED_AT, _RECEIVED),
+                _field(info, _LAST_SENT_AT, _LAST_RECV),
+            )
         at += (size + 3) & ~3
-    return None, None
+    return NO_INFO
+
+
+def _field(info: bytes, offset: int, shape: struct.Struct) -> int | None:
+    """One field of a struct tcp_info; None where an older kernel's is too short for it."""
+    if len(info) < offset + shape.size:
+        return None
+    return int(shape.unpack_from(info, offset)[0])
 
 
 def sockets(port: int, families: Iterable[int], *, local: bool = True) -> list[Socket]:
