@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -603,3 +604,110 @@ def test_a_throttled_prefill_is_named_with_the_key_to_set(
 
     page = " ".join(_notes(t.daemon.status()["servers"][0]))
     assert "Cause: the system throttles the server" in page and "ProcessType" in page, page
+
+
+# -- one model of several wedged: unloaded, the server and its other models kept ----------------
+
+
+def ollama_like(tmp_path: Path, port: int) -> dict[str, object]:
+    """A server entry for the Ollama stand-in (tests/ollamalike.py), run by the daemon."""
+    (tmp_path / "blobs").mkdir(exist_ok=True)
+    argv = [
+        sys.executable,
+        str(Path(__file__).parent / "ollamalike.py"),
+        "--port",
+        str(port),
+        "--models",
+        "stuck-model,other-model",
+        "--blobs",
+        str(tmp_path / "blobs"),
+        "--wedge-file",
+        str(tmp_path / "wedge"),
+    ]
+    return {
+        "name": "o",
+        "url": f"http://127.0.0.1:{port}",
+        "kind": "ollama",
+        "model": "stuck-model",
+        "manager": "process",
+        "match": "ollamalike",
+        "command": argv,
+        "probe": {"slow_after": "500ms", "wedge_after": "2s", "startup_grace": "10s"},
+    }
+
+
+def runners(pid: int) -> dict[str, int]:
+    """The stand-in's runners by the blob each loads."""
+    found = {}
+    for child in psutil.Process(pid).children():
+        argv = child.cmdline()
+        if "runner" in argv:
+            found[argv[argv.index("--model") + 1]] = child.pid
+    return found
+
+
+def test_one_wedged_model_is_unloaded_and_the_server_kept(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """Its runner takes the probe and never answers, while the other model serves: named
+    model_wedged from a second probe of the other model, cured by ending that model's runner
+    (keep_alive 0 cannot unload a model with a request in flight), not the server."""
+    port = free_port()
+    server = ollama_like(tmp_path, port)
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    w = t.daemon.cycles["o"]
+    until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "it serves")
+    pid = w.manager.pid()
+    assert pid is not None
+    before = runners(pid)
+    assert len(before) == 2
+    (tmp_path / "wedge").touch()
+    store = t.daemon.store
+    until(lambda: [r.outcome for r in store.restarts("o", 0.0)] == ["recovered"], 60, "cured")
+    (incident,) = store.incidents(0.0)
+    assert incident.evidence["cause"] == "model_wedged", incident.reason
+    assert "other-model, on the same server, answered" in incident.evidence["cause_because"]
+    assert w.manager.pid() == pid  # the server was not restarted
+    after = runners(pid)
+    stuck = f"sha256-{hashlib.sha256(b'stuck-model').hexdigest()}"
+    replaced = [b for b in after if before.get(b) != after[b]]
+    assert [b.rsplit("/", 1)[-1] for b in replaced] == [stuck], (before, after)
+    (action,) = [a for a in incident.actions if str(a.get("action", "")).startswith("restart")]
+    assert "ended the runner of stuck-model" in str(action["detail"]), action
+    assert any("keep_alive 0" in s for s in action["steps"]), action
+
+
+def test_a_model_is_wedged_alone_only_when_another_answered() -> None:
+    from mlx_watchdog.sense.signs import OtherModel
+
+    wedged = Facts(state="wedged", kind="ollama", answered=True, model="a")
+    served = Signs(other_model=OtherModel("b", True, 0.05))
+    found = diagnose(wedged, served)
+    assert found.cause is Cause.MODEL_WEDGED and "b, on the same server, answered" in found.because
+    assert "in 50 ms" in found.because
+    # The other model waits too: the whole server is wedged, no model named.
+    assert diagnose(wedged, Signs(other_model=OtherModel("b", False))).cause is Cause.UNKNOWN
+    assert diagnose(replace(wedged, state="busy"), served).cause is not Cause.MODEL_WEDGED
+
+
+def test_a_model_that_cannot_be_unloaded_restarts_the_server_saying_why() -> None:
+    from mlx_watchdog.act.ladder import Ladder
+    from mlx_watchdog.act.managers import Outcome
+
+    class Restarts:
+        kind = "process"
+
+        def restart(self) -> Outcome:
+            return Outcome(True, "restarted", ("stopped PID 1", "started PID 2"))
+
+    failed = Outcome(False, "no runner", ("asked Ollama to unload a (keep_alive 0): HTTP 200",))
+    outcome = Ladder._replace(Restarts(), None, lambda: failed)  # type: ignore[arg-type]
+    assert outcome.ok and outcome.detail == "restarted"
+    assert outcome.steps == (
+        "asked Ollama to unload a (keep_alive 0): HTTP 200",
+        "could not unload the model (no runner): restarted the server",
+        "stopped PID 1",
+        "started PID 2",
+    )
+    unloaded = Outcome(True, "unloaded a")
+    assert Ladder._replace(Restarts(), None, lambda: unloaded) is unloaded  # type: ignore[arg-type]

@@ -17,13 +17,13 @@ from mlx_watchdog.sense.findings import LoadReport, OwnFault, ProbeSnapshot, Pro
 from mlx_watchdog.sense.gpu_events import GpuEvents, gpu_events
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.memory import MemoryWatch
-from mlx_watchdog.sense.models import check_models
+from mlx_watchdog.sense.models import check_models, models_in_memory
 from mlx_watchdog.sense.own_connections import ANSWERED_GRACE, OwnConnections
 from mlx_watchdog.sense.probe import ModelsCheck, Probe, ProbeFinding
 from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_unread
 from mlx_watchdog.sense.sched import Clamp, MachineLoad, clamp
-from mlx_watchdog.sense.signs import Signs
+from mlx_watchdog.sense.signs import OtherModel, Signs
 from mlx_watchdog.sense.stack import Stacker
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
@@ -88,6 +88,10 @@ class Checker:
         self.clamp_of = clamp_of
         self.clamped: tuple[int, str | None] | None = None  # the last PID read, and its clamp
         self.machine_load = MachineLoad()
+        # Another model the server holds, probed once a wait: its own probe, never closed early
+        # (closing it would leave one more abandoned request), forgotten once the server serves.
+        self.side: Probe | None = None
+        self.side_tried = False
         self.cpu_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
 
@@ -232,6 +236,7 @@ class Checker:
             self.cpu_over_wait.clear()
             self.memory.reset()
             self.stacker.forget()
+            self.side, self.side_tried = None, False
             return None
         if cpu is not None and not snap.done:
             self.cpu_over_wait = [*self.cpu_over_wait[-(CPU_KEPT - 1) :], cpu]
@@ -239,8 +244,11 @@ class Checker:
         waited = snap.waited(self.mono())
         long = waited >= self.server.probe.wedge_after or bool(self.progress.errors)
         suspected = not snap.done and long
+        # Another model is asked from slow_after on: by wedge_after its answer is in.
+        asks = snap.done or waited >= self.server.probe.slow_after
+        other = self._other_model(snap) if asks else None
         if not suspected and not snap.done:
-            return None
+            return Signs(other_model=other) if other is not None else None
         local = self.inspector.local
         return Signs(
             stack=self.stacker.sample(pid) if suspected and local else None,
@@ -250,7 +258,25 @@ class Checker:
             gpu_events=self._gpu_events(snap, process) if local else (),
             clamp=self._clamp(pid) if suspected and local else None,
             others_cpu=self.machine_load.others(cpu) if suspected and local else None,
+            other_model=other,
         )
+
+    def _other_model(self, snap: ProbeSnapshot) -> OtherModel | None:
+        """For a server that holds several models: another of them, probed once a wait. A token
+        from it while the probe's model gives none tells a wedged model from a wedged server."""
+        if self.server.profile.in_memory is None or snap.model is None:
+            return None
+        if not self.side_tried:
+            self.side_tried = True
+            held = models_in_memory(self.server, on_connect=self.connected) or ()
+            other = next((m for m in held if m != snap.model), None)
+            if other is not None:
+                server = replace(self.server, model=other)
+                self.side = Probe(server, mono=self.mono, on_connect=self.connected).start()
+        if self.side is None:
+            return None
+        seen = self.side.snapshot()
+        return OtherModel(str(seen.model), seen.finding == ProbeFinding.OK, seen.ttft)
 
     def _clamp(self, pid: int | None) -> str | None:
         """Read once per process: a service's limits do not change while it runs."""
@@ -270,6 +296,7 @@ class Checker:
         return judge(self.observe(pid, fresh_since=fresh_since), self.server.probe, self.mono())
 
     def abort(self) -> None:
+        self.side, self.side_tried = None, False
         if self.probe is not None:
             self.probe.abort()
             self.probe = None

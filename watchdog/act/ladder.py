@@ -86,12 +86,14 @@ class Ladder:
         drain: Drain | None,
         begin: Callable[[], None],
         settle: Callable[[], str] | None = None,
+        unload: Callable[[], Outcome] | None = None,
     ) -> Climb:
         """Drain (when asked), `begin`, restart through the manager, wait for a token, undrain.
 
         With `settle`, the server is stopped, `settle` waits between the stop and the start (for
         its memory to come back), then it is started; a manager that restarts only in one step
-        restarts, and the outcome says so."""
+        restarts, and the outcome says so. With `unload`, one wedged model is unloaded instead
+        (the server and its other models stay); where that fails, the server is restarted."""
         if drain is not None:
             drain.begin()
             self._wait_drained(server, manager, checker)
@@ -99,7 +101,7 @@ class Ladder:
         begin()
         try:
             try:
-                outcome = self._replace(manager, settle)
+                outcome = self._replace(manager, settle, unload)
             except (ManagerError, OSError) as exc:
                 outcome = Outcome(False, str(exc))
             served_at = self._await_token(server, manager, checker) if outcome.ok else None
@@ -110,7 +112,18 @@ class Ladder:
         return Climb(outcome, result, served_at)
 
     @staticmethod
-    def _replace(manager: Manager, settle: Callable[[], str] | None) -> Outcome:
+    def _replace(
+        manager: Manager,
+        settle: Callable[[], str] | None,
+        unload: Callable[[], Outcome] | None = None,
+    ) -> Outcome:
+        if unload is not None:
+            unloaded = unload()
+            if unloaded.ok:
+                return unloaded
+            restarted = manager.restart()
+            said = f"could not unload the model ({unloaded.detail}): restarted the server"
+            return replace(restarted, steps=(*unloaded.steps, said, *restarted.steps))
         if settle is None:
             return manager.restart()
         outcome = manager.stop_then_start(settle)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
+from mlx_watchdog.act.unload import Unloader
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
 from mlx_watchdog.cycle.least_cost import LeastCost
@@ -515,8 +516,15 @@ class Cycle:
         drain = Drain(self.drain, self.undrain) if drains else None
         begin = functools.partial(self._begin, trigger, reason, pid)
         settle = None if manual else self._settle()
+        unload = None if manual else self._unload(pid)
         climb = ladder.climb(
-            self.server, self.manager, self.checker, drain=drain, begin=begin, settle=settle
+            self.server,
+            self.manager,
+            self.checker,
+            drain=drain,
+            begin=begin,
+            settle=settle,
+            unload=unload,
         )
         done, started = self.wall(), self._restart_began
         self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
@@ -541,6 +549,14 @@ class Cycle:
         freed = resident(self.manager.pid())
         system = self.crew.ladder.system
         return Settle(freed, read=self.crew.machine, sleep=system.sleep, mono=self.mono)
+
+    def _unload(self, pid: int | None) -> Unloader | None:
+        """One wedged model of a server that holds several is unloaded, not the server
+        restarted."""
+        v = self.verdict
+        if v is None or v.evidence.cause != Cause.MODEL_WEDGED or v.evidence.model is None:
+            return None
+        return Unloader(self.server, v.evidence.model, pid, self.crew.ladder.system, self.mono)
 
     def _memory_holders(self) -> str:
         machine = self.crew.machine()

@@ -2,6 +2,8 @@
 
 Each cause has its own cure and its own fix upstream:
 
+- model_wedged: one model of a server that holds several gives nothing while another answers
+  (Ollama, LM Studio: dryvist/nix-ai #1879, #1886); cured by unloading that model;
 - abandoned_prefill: clients left mid-request and their work holds the server (the seed's case);
 - leaked_request: the server counts requests no connection belongs to (a slot never freed);
 - generation_thread_gone: HTTP answers, nothing generates (mlx-lm #1505; mlx-lm 0.32.2 logs
@@ -43,6 +45,7 @@ class Cause(StrEnum):
     """Why a failing server fails, in one word (docs/causes.md)."""
 
     ABANDONED_PREFILL = "abandoned_prefill"
+    MODEL_WEDGED = "model_wedged"
     LEAKED_REQUEST = "leaked_request"
     THREAD_GONE = "generation_thread_gone"
     DEADLOCK = "deadlock"
@@ -58,6 +61,7 @@ class Cause(StrEnum):
 
 WORDS: dict[Cause, str] = {
     Cause.ABANDONED_PREFILL: "an abandoned request holds the server",
+    Cause.MODEL_WEDGED: "one model is wedged, not the server",
     Cause.LEAKED_REQUEST: "a request with no client holds a slot",
     Cause.THREAD_GONE: "the generation thread is gone",
     Cause.DEADLOCK: "a deadlock",
@@ -103,6 +107,7 @@ class Facts:
     leaked: int = 0
     progressing: bool = False  # the server's log shows a prefill moving now
     gone: bool = False  # down, and no server process is running
+    model: str | None = None  # the model the probe named
     drained: int = 0  # connections it answers now while the probe has had nothing
     empty_in: float | None = None  # the probe's answer: 200 with no token, in this many seconds
     served: bool = False  # this same process gave the watchdog a token before
@@ -115,7 +120,16 @@ THREAD_DIED = "generation thread died"  # mlx-lm 0.32.2's words, in its log and 
 def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
     """The cause the evidence shows; unknown unless a strong sign or two weak ones agree."""
     # A Metal failure first: it is what kills the thread (mlx-lm #1505), the more specific.
-    checks = (_metal, _thread_gone, _gpu_reset, _deadlock, _batch_drain, _holds_slot, _memory)
+    checks = (
+        _model_wedged,
+        _metal,
+        _thread_gone,
+        _gpu_reset,
+        _deadlock,
+        _batch_drain,
+        _holds_slot,
+        _memory,
+    )
     for check in checks:
         found = check(facts, signs)
         if found is not None:
@@ -168,6 +182,20 @@ def _metal(f: Facts, s: Signs) -> Diagnosis | None:
     else:
         return None
     return Diagnosis(Cause.METAL_ERROR, f"its log: {said}; {held}")
+
+
+def _model_wedged(f: Facts, s: Signs) -> Diagnosis | None:
+    """Another model the same server holds answered the watchdog's own probe while this one
+    gives nothing (or answers wrongly): the host serves, the model does not."""
+    other = s.other_model
+    if other is None or not other.served or f.state not in ("wedged", "dead"):
+        return None
+    took = f" in {other.ttft * 1000:.0f} ms" if other.ttft is not None else ""
+    return Diagnosis(
+        Cause.MODEL_WEDGED,
+        f"{f.model or 'its model'} gives no token while {other.name}, on the same server, "
+        f"answered the watchdog's probe{took}",
+    )
 
 
 def _gpu_reset(f: Facts, s: Signs) -> Diagnosis | None:
@@ -280,6 +308,10 @@ NEXT_STEP: dict[Cause, str] = {
         "give it less to hold: a smaller model or context, a smaller prompt cache, fewer servers"
     ),
     Cause.MEMORY_PRESSURE: "run fewer or smaller models at once, or give the machine more memory",
+    Cause.MODEL_WEDGED: (
+        "the watchdog unloads that model (the server and its other models stay); if it comes "
+        "back, read the server's log for that model's runner"
+    ),
     Cause.BATCH_DRAIN: (
         "nothing to restart while its clients are served: have clients leave out `seed` (and "
         "send images to a server of their own), or serve one model per server; a client that "

@@ -65,6 +65,7 @@ class Evidence:
     http_status: int | None = None
     probe_finding: str = "waiting"
     probe_detail: str = ""
+    model: str | None = None  # the model the probe named (None: the server's default)
     phases: Mapping[str, float | None] = field(default_factory=dict)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -142,6 +143,7 @@ def evidence(
         http_status=probe.status,
         probe_finding=probe.finding or "waiting",
         probe_detail=probe.detail,
+        model=probe.model,
         phases=probe.phases(),
         prompt_tokens=probe.prompt_tokens,
         cached_tokens=probe.cached_tokens,

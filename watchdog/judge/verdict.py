@@ -82,6 +82,7 @@ def cause_of(obs: Observation, state: State, s: ProbeSettings, now: float) -> Di
         empty_in=_empty_in(probe),
         served=obs.served,
         drained=drained(obs, s, now),
+        model=probe.model,
         idle_below=s.idle_cpu_percent,
     )
     return diagnose(facts, obs.signs or Signs())

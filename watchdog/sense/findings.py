@@ -190,6 +190,7 @@ class ProbeSnapshot:
     finish_reason: str | None = None
     finding: ProbeFinding | None = None  # None while the probe still waits
     detail: str = ""
+    model: str | None = None  # the model it named (None: the server's default)
 
     @property
     def done(self) -> bool:

@@ -109,3 +109,27 @@ def nameable(name: object) -> TypeGuard[str]:
     """A model name a request can carry back as the server spelled it: a string, not empty,
     that had no lone surrogate (`load_json` made those U+FFFD)."""
     return isinstance(name, str) and bool(name) and REPLACEMENT not in name
+
+
+def models_in_memory(
+    server: ServerConfig,
+    *,
+    on_connect: Callable[[tuple[str, int]], None] | None = None,
+) -> tuple[str, ...] | None:
+    """The models a server that loads on demand holds now (its profile's list), under
+    `models_timeout` and the 1 MiB cap; None where it has no such list or it cannot be read."""
+    memory = server.profile.in_memory
+    if memory is None:
+        return None
+    try:
+        status, body = get(
+            server.url + memory.path,
+            headers=auth_headers(server),
+            deadline=server.probe.models_timeout,
+            cap=MAX_BODY,
+            verify=tls(),
+            on_connect=on_connect,
+        )
+        return in_memory(load_json(body), memory) if status == 200 else None
+    except (httpx.HTTPError, BadJson, OSError):
+        return None

@@ -188,6 +188,7 @@ class Probe:
                         )
                         return
                     server = replace(server, model=model)
+                self._set(model=server.model)
                 self._post(client, server, headers, hard)
         except httpx.HTTPError as exc:
             if self._cutoff.fired and not self._aborted:

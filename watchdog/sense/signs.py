@@ -131,6 +131,15 @@ class Machine:
 
 
 @dataclass(frozen=True)
+class OtherModel:
+    """Another model the server holds, probed while the probe's own model gives nothing."""
+
+    name: str
+    served: bool  # it gave a token
+    ttft: float | None = None
+
+
+@dataclass(frozen=True)
 class Signs:
     """Evidence beyond the probe's: gathered while a wedge is suspected, each part bounded."""
 
@@ -141,6 +150,7 @@ class Signs:
     gpu_events: tuple[str, ...] = ()  # macOS's GPU event reports since the process started
     clamp: str | None = None  # how the operating system holds the process back (sense/sched.py)
     others_cpu: float | None = None  # the rest of the machine's CPU, % of one core
+    other_model: OtherModel | None = None  # another model it holds, probed meanwhile
 
 
 def gib(n: int) -> str:
