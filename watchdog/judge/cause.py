@@ -126,10 +126,10 @@ def diagnose(facts: Facts, signs: Signs) -> Diagnosis:
         _metal,
         _thread_gone,
         _gpu_reset,
+        _memory,  # a machine out of memory idles its processes: no deadlock is read then
         _deadlock,
         _batch_drain,
         _holds_slot,
-        _memory,
     )
     for check in checks:
         found = check(facts, signs)
