@@ -4,12 +4,14 @@ so that such a request is never taken for a client that gave up, nor for a live 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mlx_watchdog.config import default_state_dir
@@ -52,12 +54,15 @@ class LeftProbes:
             later = dict(self._later)
             self._later.clear()
             for path in self.paths:
-                kept = [
-                    (ip, port, min(until_, later.get((ip, port), until_)))
-                    for ip, port, until_ in self._entries(path)
-                    if (ip, port) != key
-                ]
-                self._write(path, [*kept, (*key, until)])
+                # Read, changed and replaced under a lock other processes honour too: a
+                # person's `probe` beside the daemon must not lose the daemon's entry, nor its own.
+                with _locked(path):
+                    kept = [
+                        (ip, port, min(until_, later.get((ip, port), until_)))
+                        for ip, port, until_ in self._entries(path)
+                        if (ip, port) != key
+                    ]
+                    self._write(path, [*kept, (*key, until)])
 
     def shorten(self, address: Address, keep_for: float) -> None:
         """An answered request needs its entry only a little longer: said with the next `add`,
@@ -99,6 +104,29 @@ class LeftProbes:
         entries = [(str(ip), int(port), float(until)) for ip, port, until in raw[-1000:]]
         self._cache[path] = (text, entries)
         return entries
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on the record's lock file beside it (0600, never through a link).
+    Without one (a folder not ours, not writable) the update goes on unlocked: losing an entry
+    only makes a later check count one tiny request as abandoned."""
+    fd = -1
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_private(path.parent)
+        lock = path.with_name(f".{path.name}.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (OSError, UnsafeState):
+        if fd >= 0:
+            os.close(fd)
+            fd = -1
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing releases the lock
 
 
 def left_probes(state_dir: Path) -> LeftProbes:
