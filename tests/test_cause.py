@@ -711,20 +711,3 @@ def test_a_model_that_cannot_be_unloaded_restarts_the_server_saying_why() -> Non
     )
     unloaded = Outcome(True, "unloaded a")
     assert Ladder._replace(Restarts(), None, lambda: unloaded) is unloaded  # type: ignore[arg-type]
-
-
-def test_an_idle_cpu_holds_up_a_logged_failure_only_with_no_clients_request_in_it() -> None:
-    """On a Mac the GPU computes a prefill while the process's CPU idles: a Metal line (which a
-    client may have written) with an abandoned or live request in the server is not held up
-    by idleness; with none, it is."""
-    line = "libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded"
-    signs = Signs(errors=(LogError("metal", line),), idle_cpu=(0.5, 0.4, 0.6))
-    idle = Facts(state="wedged", kind="mlx_lm", answered=True)
-    assert diagnose(idle, signs).cause is Cause.METAL_ERROR
-    assert diagnose(replace(idle, abandoned=1), signs).cause is Cause.ABANDONED_PREFILL
-    assert diagnose(replace(idle, live=1), signs).cause is Cause.UNKNOWN
-    died = Signs(errors=(LogError("thread_gone", "generation thread died"),), idle_cpu=(0.5,) * 3)
-    assert diagnose(replace(idle, abandoned=1), died).cause is Cause.ABANDONED_PREFILL
-    # A sign no client writes still holds it up: /health 503 from mlx-lm.
-    sick = replace(idle, abandoned=1, health_unavailable=True)
-    assert diagnose(sick, signs).cause is Cause.METAL_ERROR

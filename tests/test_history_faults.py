@@ -11,11 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Store
 from tests.builders import QUICK_TOML, command_config
-from tests.conftest import BadByPidfile, DaemonThread, until
+from tests.conftest import BadByPidfile, DaemonThread, mlx_watchdog, until
 
 HOLD = 6.0  # seconds the other process keeps the database locked
 
@@ -203,5 +205,100 @@ def test_text_where_the_history_holds_numbers_is_left_unread(
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=20)
         assert page.status_code == 200 and "history unreadable" in page.text
         assert t.daemon.status()["servers"][0]["state"] == "healthy"
+    finally:
+        ok.kill()
+
+
+BAD_VALUES = ("text", b"\x00\xff\xfe", -1e308, 2**62)
+EDITED = {
+    "probes": ("at", "state", "reason", "ttft_s", "waited_s", "evidence"),
+    "incidents": (
+        "opened_at",
+        "closed_at",
+        "began_at",
+        "state",
+        "reason",
+        "evidence",
+        "actions",
+        "outage_s",
+        "recover_s",
+        "outcome",
+        "advice",
+    ),
+    "events": ("at", "kind", "message", "data"),
+    "restarts": ("at", "trigger", "finished_at", "outcome", "served_s"),
+    "calibrations": ("at", "doc"),
+    "dumps": ("at", "doc", "incident"),
+    "holds": ("since", "reason"),
+}
+
+
+def a_history(db: Path, server: str, now: float) -> None:
+    """A history with a row of every kind, several of each, to edit."""
+    store = Store(db)
+    for n in range(len(BAD_VALUES) + 1):
+        at = now - 600 + n
+        store.record_probe(server, at, "healthy", "first token in 10 ms", {"ttft_s": 0.01})
+        ref = store.open_incident(server, at, "wedged", "wedged: no token", {"cause": "deadlock"})
+        store.add_action(ref, {"at": at, "action": "restart (command)", "outcome": "recovered"})
+        store.close_incident(ref, at + 5, "restarted", 3.0)
+        store.add_event(server, at, "detected", "wedged", {"cause": "deadlock"})
+        store.finish_restart(store.start_restart(server, at, "wedged"), at + 3, "recovered", 3.0)
+        store.save_calibration(server, at, {"fit": {"a": 0, "b": 0.001, "c": 0}})
+        store.add_dump(server, ref, at, {"stack": "x", "kind": "mlx_lm"})
+    store.hold(server, now - 60, "3 restarts did not help")
+    store.close()
+
+
+@pytest.mark.parametrize("table", sorted(EDITED))
+def test_a_hand_edited_history_stops_no_reader(
+    table: str, tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """Every column of `table` holding text, bytes, a huge or negative number in one row each:
+    the daemon starts, judges and answers every route; status, history, history --show and
+    doctor answer without a traceback."""
+    import httpx
+
+    from mlx_watchdog.config import effective, to_toml
+
+    ok = BadByPidfile(tmp_path, "ok")
+    try:
+        raw = command_config(tmp_path, ok)
+        raw["watchdog"]["listen"] = "127.0.0.1:0"  # type: ignore[index]
+        config = parse_config(raw)
+        db = config.watchdog.state_dir / "history.db"
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        a_history(db, "bad", time.time())
+        con = sqlite3.connect(db)
+        with con:
+            ids = [r[0] for r in con.execute(f"SELECT rowid FROM {table} ORDER BY rowid")]
+            n = 0
+            for column in EDITED[table]:
+                for value in BAD_VALUES:
+                    row = ids[n % len(ids)]
+                    n += 1
+                    con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (value, row))
+        con.close()
+        cfg = tmp_path / "config.toml"
+        cfg.write_text(to_toml(effective(config)))
+        t = run_daemon(Daemon(config))
+        cycle = t.daemon.cycles["bad"]
+        until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 20, "healthy")
+        port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
+        for route in ("/healthz", "/healthz/bad", "/metrics", "/status", "/"):
+            answer = httpx.get(f"http://127.0.0.1:{port}{route}", timeout=20)
+            assert answer.status_code == 200, (route, answer.status_code, answer.text[:300])
+        t.stop()
+        for args in (
+            ("status",),
+            ("status", "--json"),
+            ("history",),
+            ("history", "--show", "1"),
+            ("history", "--show", "2"),
+            ("doctor",),
+        ):
+            done = mlx_watchdog(*args, "--config", str(cfg))
+            assert "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+            assert done.returncode in (0, 1, 2, 3), (args, done.returncode, done.stderr[-500:])
     finally:
         ok.kill()

@@ -104,7 +104,6 @@ class Facts:
     answer: str = ""  # the probe's error text, the health route's body
     health_unavailable: bool = False  # mlx-lm's /health said 503 "unavailable"
     abandoned: int = 0
-    live: int = 0  # clients connected besides the watchdog
     leaked: int = 0
     progressing: bool = False  # the server's log shows a prefill moving now
     gone: bool = False  # down, and no server process is running
@@ -224,13 +223,11 @@ def _lost_thread(f: Facts, s: Signs) -> str | None:
 
 
 def _still(f: Facts, s: Signs) -> bool:
-    """Nothing works in it now: its last few looks idle, no progress, and no client's request
-    in it. With one, an idle CPU proves nothing: on a Mac the GPU computes a prefill while the
-    process's CPU idles, and a client may have written the very line this would hold up."""
+    """Nothing works in it now: its last few looks idle and no progress (abandoned requests or
+    not: an idle process is not computing them; the clearing reads idleness the same way)."""
     last = s.idle_cpu[-MIN_IDLE_READINGS:]
     idle_now = len(last) == MIN_IDLE_READINGS and sum(last) / len(last) < f.idle_below
-    quiet = not f.abandoned and not f.live
-    return f.state == "wedged" and idle_now and not f.progressing and quiet
+    return f.state == "wedged" and idle_now and not f.progressing
 
 
 def _deadlock(f: Facts, s: Signs) -> Diagnosis | None:

@@ -76,7 +76,6 @@ def cause_of(obs: Observation, state: State, s: ProbeSettings, now: float) -> Di
         and load.health_status == 503
         and "unavailable" in health.lower(),
         abandoned=proc.abandoned or 0,
-        live=proc.live or 0,
         leaked=leaked_requests(load, proc, fans_out=obs.fans_out),
         progressing=said is not None and not said.finished and said.age_s < s.slow_after,
         gone=state == State.DOWN and proc.pid is None and proc.local,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -82,16 +83,87 @@ class Restart:
     outcome: str | None
 
 
-def probe_row(row: sqlite3.Row) -> ProbeRecord:
+# Every value read back is checked for its type: SQLite keeps whatever it is given, and a
+# history edited by hand (or by another program) must not stop the daemon, `status`, `history`,
+# `doctor` or the endpoint. A row without the numbers that place it (its id, its time) is left
+# unread; any other value of the wrong type reads as unknown.
+
+
+def number(value: object) -> float | None:
+    """A finite number, or None for anything else (text, bytes, a bool, NaN, infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+LATEST = 1e11  # seconds since the epoch: the year 5138; a time past it was not written by us
+LONGEST = 1e9  # seconds: about 31 years, longer than any span the watchdog measures
+
+
+def moment(value: object) -> float | None:
+    """A time since the epoch that can be one (the clock of a machine that ran the watchdog)."""
+    found = number(value)
+    return found if found is not None and 0 <= found <= LATEST else None
+
+
+def span(value: object) -> float | None:
+    """A duration in seconds: not negative, not past any the watchdog measures."""
+    found = number(value)
+    return found if found is not None and 0 <= found <= LONGEST else None
+
+
+def whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def text(value: object, default: str = "") -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return default
+
+
+def maybe_text(value: object) -> str | None:
+    return None if value is None else text(value)
+
+
+def probe_row(row: sqlite3.Row) -> ProbeRecord | None:
+    id_, at = whole(row["id"]), moment(row["at"])
+    if id_ is None or at is None:
+        return None
     return ProbeRecord(
-        id=row["id"],
-        server=row["server"],
-        at=row["at"],
-        state=row["state"],
-        reason=row["reason"],
-        ttft_s=row["ttft_s"],
-        waited_s=row["waited_s"],
+        id=id_,
+        server=text(row["server"]),
+        at=at,
+        state=text(row["state"], "unknown"),
+        reason=text(row["reason"]),
+        ttft_s=span(row["ttft_s"]),
+        waited_s=span(row["waited_s"]),
         evidence=doc(row["evidence"], {}),
+    )
+
+
+def event_row(row: sqlite3.Row) -> EventRecord | None:
+    id_, at = whole(row["id"]), moment(row["at"])
+    if id_ is None or at is None:
+        return None
+    return EventRecord(
+        id_, text(row["server"]), at, text(row["kind"]), text(row["message"]), doc(row["data"], {})
+    )
+
+
+def restart_row(row: sqlite3.Row) -> Restart | None:
+    id_, at = whole(row["id"]), moment(row["at"])
+    if id_ is None or at is None:
+        return None
+    return Restart(
+        id_,
+        text(row["server"]),
+        at,
+        text(row["trigger"], "unknown"),
+        moment(row["finished_at"]),
+        maybe_text(row["outcome"]),
     )
 
 
@@ -106,19 +178,23 @@ def doc(text: object, default: T) -> T:
     return value if isinstance(value, type(default)) else default
 
 
-def incident_row(row: sqlite3.Row) -> Incident:
+def incident_row(row: sqlite3.Row) -> Incident | None:
+    id_, opened = whole(row["id"]), moment(row["opened_at"])
+    if id_ is None or opened is None:
+        return None
+    began = moment(row["began_at"])
     return Incident(
-        id=row["id"],
-        server=row["server"],
-        opened_at=row["opened_at"],
-        began_at=row["began_at"] if row["began_at"] is not None else row["opened_at"],
-        closed_at=row["closed_at"],
-        state=row["state"],
-        reason=row["reason"],
+        id=id_,
+        server=text(row["server"]),
+        opened_at=opened,
+        began_at=began if began is not None else opened,
+        closed_at=moment(row["closed_at"]),
+        state=text(row["state"], "unknown"),
+        reason=text(row["reason"]),
         evidence=doc(row["evidence"], {}),
-        actions=doc(row["actions"], []),
-        outage_s=row["outage_s"],
-        recover_s=row["recover_s"],
-        outcome=row["outcome"],
-        advice=row["advice"],
+        actions=[a for a in doc(row["actions"], []) if isinstance(a, dict)],
+        outage_s=span(row["outage_s"]),
+        recover_s=span(row["recover_s"]),
+        outcome=maybe_text(row["outcome"]),
+        advice=maybe_text(row["advice"]),
     )

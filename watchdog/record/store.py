@@ -24,8 +24,10 @@ from mlx_watchdog.record.rows import (
     Restart,
     Row,
     doc,
+    event_row,
     incident_row,
     probe_row,
+    restart_row,
     row_id,
 )
 from mlx_watchdog.record.serving import DAY_S, KEEP_DAYS, Gathered, ServingTime
@@ -170,7 +172,7 @@ class Store:
         rows = self._rows(
             "SELECT * FROM probes WHERE server = ? AND at >= ? ORDER BY at", (server, since)
         )
-        return [probe_row(r) for r in rows]
+        return [p for r in rows if (p := probe_row(r)) is not None]
 
     def ttfts(self, server: str, since: float) -> list[tuple[float, float]]:
         """(when, time to first token) of the probes since then that got a token."""
@@ -267,19 +269,22 @@ class Store:
     def open_incident_for(self, server: str) -> Incident | None:
         rows = self._rows(
             "SELECT * FROM incidents WHERE server = ? AND closed_at IS NULL"
-            " ORDER BY opened_at DESC LIMIT 1",
+            f" AND {number('opened_at')} ORDER BY opened_at DESC LIMIT 1",
             (server,),
         )
         return incident_row(rows[0]) if rows else None
 
     def incidents(self, since: float, server: str | None = None) -> list[Incident]:
-        sql = "SELECT * FROM incidents WHERE (closed_at IS NULL OR closed_at >= ?)"
+        sql = (
+            "SELECT * FROM incidents WHERE (closed_at IS NULL OR "
+            f"({number('closed_at')} AND closed_at >= ?))"
+        )
         args: list[Any] = [since]
         if server is not None:
             sql += " AND server = ?"
             args.append(server)
         rows = self._rows(sql + " ORDER BY opened_at", args)
-        return [incident_row(r) for r in rows]
+        return [i for r in rows if (i := incident_row(r)) is not None]
 
     def incident(self, number: int) -> Incident | None:
         rows = self._rows("SELECT * FROM incidents WHERE id = ?", (number,))
@@ -338,10 +343,7 @@ class Store:
         if kind is not None:
             sql, args = sql + " AND kind = ?", [*args, kind]
         rows = self._rows(sql + " ORDER BY id", args)
-        return [
-            EventRecord(r["id"], r["server"], r["at"], r["kind"], r["message"], doc(r["data"], {}))
-            for r in rows
-        ]
+        return [e for r in rows if (e := event_row(r)) is not None]
 
     # -- restarts and holds: what the budget is made of -------------------------------------
 
@@ -371,10 +373,7 @@ class Store:
         rows = self._rows(
             "SELECT * FROM restarts WHERE server = ? AND at >= ? ORDER BY at", (server, since)
         )
-        return [
-            Restart(r["id"], r["server"], r["at"], r["trigger"], r["finished_at"], r["outcome"])
-            for r in rows
-        ]
+        return [x for r in rows if (x := restart_row(r)) is not None]
 
     def restart_costs(self, server: str, n: int) -> list[float]:
         """The last `n` times from a restart to its first token, oldest first."""
