@@ -335,6 +335,35 @@ def test_sigterm_stops_the_managed_process_server(tmp_path: Path) -> None:
     assert "was healthy," in shown.stdout
 
 
+def test_other_signals_neither_kill_the_daemon_nor_pass_unsaid(tmp_path: Path) -> None:
+    """SIGUSR1 (logrotate's postrotate) rotates the logs; SIGUSR2 and SIGALRM, whose default
+    ends a process, are said and ignored; SIGTERM still stops it, with its exit 0."""
+    port = free_port()
+    cfg = tmp_path / "w.toml"
+    server = {
+        "name": "p",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": badserver_argv(port, "ok"),
+    }
+    settings = {"interval": "200ms", "listen": "127.0.0.1:0", "state_dir": str(tmp_path / "s")}
+    cfg.write_text(toml({"watchdog": settings, "server": [server]}))
+    log = tmp_path / "daemon.log"
+    proc = daemon_process(cfg, log)
+    try:
+        until(lambda: "p healthy" in log.read_text(), 20, "the managed server to serve")
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+            proc.send_signal(sig)
+        until(lambda: "SIGALRM ignored" in log.read_text(), 20, "the signals answered")
+        text = log.read_text()
+        assert "SIGUSR1: rotating the logs now" in text and "SIGUSR2 ignored" in text
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
 def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
     tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
 ) -> None:

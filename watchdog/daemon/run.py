@@ -6,6 +6,7 @@ nothing heavy ever runs inside a handler.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -52,6 +53,8 @@ log = logging.getLogger("mlx_watchdog")
 
 LOG_CHECK = 60.0  # seconds between log size checks
 LOCK_FILE = "daemon.lock"
+# Signals whose default would end the process with no "stopped" said: ignored on purpose.
+IGNORED_SIGNALS = (signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF)
 STALLED_SETTLE = 2.0  # a stalled daemon's wait for its jobs before it interrupts them
 COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
 
@@ -96,6 +99,7 @@ class Daemon:
         self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._signals: collections.deque[str] = collections.deque()  # noted by the handlers
         self._wake = threading.Event()
         self._active = 0
         self._active_cv = threading.Condition()
@@ -267,6 +271,11 @@ class Daemon:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
             signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+            # Every other signal whose default ends a process, on purpose: SIGUSR1 rotates the
+            # logs now (logrotate's `postrotate kill -USR1`); the rest are said and ignored.
+            signal.signal(signal.SIGUSR1, lambda *_: self._signalled("SIGUSR1"))
+            for sig in IGNORED_SIGNALS:
+                signal.signal(sig, lambda n, _: self._signalled(signal.Signals(n).name))
         for c in self.cycles.values():
             c.start_server()
         self.days.seed(list(self.cycles))
@@ -290,6 +299,7 @@ class Daemon:
                     code = self._give_up(stall)
                     break
                 self.notifier.send("WATCHDOG=1")
+                self._answer_signals()
                 if self._reload.is_set() and not self._stop.is_set():
                     self._reload.clear()
                     self.reload()
@@ -321,6 +331,23 @@ class Daemon:
     def request_reload(self) -> None:
         self._reload.set()
         self._wake.set()
+
+    def _signalled(self, name: str) -> None:
+        self._signals.append(name)
+        self._wake.set()
+
+    def _answer_signals(self) -> None:
+        """On the main loop, what the handlers only noted."""
+        while self._signals:
+            name = self._signals.popleft()
+            if name == "SIGUSR1":
+                log.info("SIGUSR1: rotating the logs now")
+                try:
+                    self.rotate_logs()
+                except OSError as exc:
+                    log.error("cannot rotate the logs: %s", exc)
+            else:
+                log.warning("%s ignored (SIGTERM stops the watchdog, SIGHUP reloads it)", name)
 
     def reload(self) -> bool:
         """Read the config again. Each server keeps its job (never two ticks of one server, no
