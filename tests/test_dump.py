@@ -107,3 +107,19 @@ def test_a_gone_server_and_an_odd_log_are_said_not_raised(tmp_path: Path) -> Non
     )
     gone = take(None, tmp_path / "missing.log")
     assert gone.log_problem is not None and "No such file" in gone.log_problem
+
+
+def test_a_stack_tool_that_prints_bytes_not_utf8_is_read_with_replacement(tmp_path: Path) -> None:
+    """A stack tool's output is outside bytes: stray ones are replaced, never a failure of the
+    tick or of the restart that takes the dump."""
+    import subprocess
+    import sys
+
+    from mlx_watchdog.sense.dump import stack_text
+
+    script = "import sys; sys.stdout.buffer.write(b'Thread 1 (idle): \\xff\\xfe main\\n')"
+    text, problem = stack_text(
+        1, 10.0, subprocess.run, command=lambda pid: [sys.executable, "-c", script]
+    )
+    assert problem is None and text is not None
+    assert text.startswith("Thread 1 (idle): ") and "\ufffd" in text

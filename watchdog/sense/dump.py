@@ -106,7 +106,15 @@ def stack_text(
     if argv is None:
         return None, "py-spy is not installed (pip install py-spy)"
     try:
-        done = run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        done = run(
+            argv,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",  # a tool's stray bytes are its output still, never a failure
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return None, f"{Path(argv[0]).name} took longer than {timeout:.1f} s"
     except OSError as exc:
