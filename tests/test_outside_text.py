@@ -40,6 +40,8 @@ def test_printable_shows_controls_instead_of_acting_on_them() -> None:
     assert shown == "a\\x1b]0;title\\x07b\\x1b[2Jc\\x00d\\u202ee\\x9bf\ufffd"
     assert printable("one\ntwo\tthree", lines=True) == "one\ntwo\tthree"
     assert printable("one\ntwo") == "one\\x0atwo"
+    # The line and paragraph separators: a terminal or a log reader may break a line there.
+    assert printable("a\u2028b\u2029c", lines=True) == "a\\u2028b\\u2029c"
     shown.encode()
 
 

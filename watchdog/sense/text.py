@@ -12,8 +12,9 @@ import re
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# C0 and C1 controls, DEL, and the bidirectional embeddings, overrides and isolates.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls, DEL, the line and paragraph separators (a terminal or a log reader may
+# break a line there: a forged line), and the bidirectional embeddings, overrides and isolates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def whole(text: str) -> str:
