@@ -144,7 +144,9 @@ def test_a_tick_that_blocks_is_blindness_too(
 
 
 def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(
-    blind_daemon: tuple[Daemon, Broken, Mono, list[tuple[str, str]]], tmp_path: Path
+    blind_daemon: tuple[Daemon, Broken, Mono, list[tuple[str, str]]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from dataclasses import replace
 
@@ -162,4 +164,7 @@ def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(
     doc = daemon.status()["servers"][0]
     assert doc["state"] == "unknown" and "cannot read api_key_file" in doc["reason"]
     assert daemon.store.restarts("bad", 0.0) == []
+    # Said once, in words: the watchdog's own setting, no traceback to read.
+    said = [r for r in caplog.records if "cannot be probed" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in caplog.records]
     assert w.verdict.state == "healthy", "the last verdict stands, and is not served as current"

@@ -246,7 +246,10 @@ class Daemon:
             )[:500]
         finally:
             if c.tick_ends(problem):  # said once per run of the same fault, not every tick
-                log.error("%s tick failed; probing goes on", name, exc_info=error)
+                if isinstance(error, OwnFault):  # the watchdog's own setting: no traceback to read
+                    log.error("%s cannot be probed: %s; probing goes on", name, problem)
+                else:
+                    log.error("%s tick failed; probing goes on", name, exc_info=error)
             with self._active_cv:
                 self._active -= 1
                 self._active_cv.notify_all()
