@@ -77,6 +77,17 @@ def test_memory_that_cannot_be_read_is_not_waited_for() -> None:
     assert clock.now == 0.0
 
 
+def test_a_reading_that_fails_after_the_stop_is_said_not_the_last_good_one() -> None:
+    """The reading before the stop worked, the ones after fail: no stale figure is given as
+    now, and no 30 s are spent waiting on readings that do not come."""
+    clock = Clock()
+    readings = iter([Machine(16 * GIB, GIB, 0, 0)])
+    settle = Settle(8 * GIB, read=lambda: next(readings, None), sleep=clock.sleep, mono=clock)
+    said = settle()
+    assert said == "memory could not be read after the stop (0.0 s): started without waiting for it"
+    assert clock.now == 0.0
+
+
 def test_the_servers_holding_the_memory_are_named_largest_first() -> None:
     said = memory_holders([("small", 3 * GIB), ("gone", 0), ("big", 10 * GIB)], 16 * GIB)
     assert said.startswith("resident in servers: 13.0 GiB of the machine's 16.0 GiB (big 10.0")

@@ -108,7 +108,13 @@ class Settle:
         now = self.before
         while True:
             m = self.read()
-            now = m if m is not None else now
+            if m is None:  # no reading now: no figure to say, and nothing to wait on
+                waited = self.mono() - start
+                return (
+                    f"memory could not be read after the stop ({waited:.1f} s): "
+                    "started without waiting for it"
+                )
+            now = m
             waited = self.mono() - start
             if now.available >= goal:
                 return (
