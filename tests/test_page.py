@@ -518,3 +518,22 @@ def test_the_page_shows_the_last_probes_and_the_share_served_over_30_days() -> N
         NOW,
         10,
     )
+
+
+def test_a_days_summary_stays_bounded_whatever_the_interval() -> None:
+    """Two days of probes every second, each with a token: the summary keeps counts per minute
+    (a day of them at most), not a time per probe, and counts the last day's probes to within a
+    minute's."""
+    from mlx_watchdog.serve.day import MAX_POINTS, MAX_RUNS, TOKEN_BUCKET, Summary
+
+    kept = Summary()
+    start = 1_800_000_000.0
+    seconds = 2 * 86_400
+    for n in range(seconds):
+        kept.add(start + n, "healthy" if n % 7 else "slow", 0.05, 1.0)
+    now = start + seconds - 1
+    assert len(kept.tokens) <= 86_400 / TOKEN_BUCKET + 1
+    assert len(kept.ttfts) <= 4 * MAX_POINTS and len(kept.runs) <= 4 * MAX_RUNS
+    runs, points, tokens = kept.drawn(now, 1.0)
+    assert 86_400 <= tokens <= 86_400 + TOKEN_BUCKET
+    assert len(points) <= MAX_POINTS + 1 and len(runs) <= MAX_RUNS + 1
