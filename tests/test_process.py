@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -11,7 +13,7 @@ import pytest
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.process import Inspector, ProcessTable, is_local_host
-from tests.conftest import Running
+from tests.conftest import Running, until
 
 
 class Clock:
@@ -100,7 +102,7 @@ def test_no_listener_is_evidence_not_a_crash() -> None:
 
 
 class DeniedTable(ProcessTable):
-    def listener(self, port: int) -> int | None:
+    def listener(self, port: int, host: str | None = None) -> int | None:
         return 123
 
     def process(self, pid: int) -> psutil.Process:
@@ -131,3 +133,68 @@ def test_local_hosts(host: str, local: bool) -> None:
 def test_remote_server_is_not_inspected() -> None:
     ev = Inspector(ServerConfig("b", "http://192.0.2.7:8080")).sample()
     assert ev.local is False and ev.pid is None and "another machine" in ev.error
+
+
+LISTEN_ON = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def listening_on(ip: str, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTEN_ON, ip, str(port)], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+@pytest.mark.parametrize("other", ["::1", "127.0.0.2"])
+def test_another_listener_on_the_port_at_another_address_is_not_the_server(
+    bad_server: Callable[..., Running], other: str
+) -> None:
+    """An `ssh -L` forward binds [::1]:P beside a server on 127.0.0.1:P: the port alone does
+    not say which is the server, the URL's address does; with the server gone, the other is
+    not taken for it."""
+    if other == "::1" and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    srv = bad_server("ok")
+    beside = listening_on(other, srv.port)
+    try:
+        server = ServerConfig("b", srv.url)
+        table = ProcessTable()
+        assert table.listener(srv.port, "127.0.0.1") == srv.proc.pid
+        assert table.listener(srv.port, other) == beside.pid
+        assert Inspector(server).sample().pid == srv.proc.pid
+        srv.stop()
+        until(lambda: table.listener(srv.port, "127.0.0.1") is None, 10, "the server gone")
+        gone = Inspector(server).sample()
+        assert gone.pid is None and f"listens on port {srv.port}" in gone.error
+    finally:
+        beside.kill()
+        beside.wait()
+        assert beside.stdout is not None
+        beside.stdout.close()
+
+
+def test_a_wildcard_listener_serves_the_urls_address_and_an_exact_one_comes_first() -> None:
+    from types import SimpleNamespace
+
+    from mlx_watchdog.sense.process import _serves
+
+    def conn(ip: str, port: int = 8080) -> object:
+        return SimpleNamespace(status=psutil.CONN_LISTEN, laddr=SimpleNamespace(ip=ip, port=port))
+
+    v4 = frozenset({"127.0.0.1"})
+    assert _serves(conn("127.0.0.1"), 8080, v4) == 1
+    assert _serves(conn("0.0.0.0"), 8080, v4) == 2 and _serves(conn("::"), 8080, v4) == 2
+    assert _serves(conn("::1"), 8080, v4) == 0 and _serves(conn("127.0.0.2"), 8080, v4) == 0
+    assert _serves(conn("0.0.0.0"), 8080, frozenset({"::1"})) == 0
+    assert _serves(conn("::ffff:127.0.0.1"), 8080, v4) == 1
+    assert _serves(conn("127.0.0.1", 8081), 8080, v4) == 0
+    assert _serves(conn("10.1.2.3"), 8080, None) == 1  # unresolvable host: the port decides

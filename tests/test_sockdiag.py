@@ -123,8 +123,12 @@ def test_a_half_closed_client_is_owned_and_an_orphan_is_not(listener: socket.soc
         5,
         "the orphan in FIN_WAIT2",
     )
-    clients = {("127.0.0.1", waiting.getsockname()[1]), ("127.0.0.1", gone_addr[1])}
+    server = ("127.0.0.1", port)
+    clients = {("127.0.0.1", waiting.getsockname()[1]): server, ("127.0.0.1", gone_addr[1]): server}
     assert ProcessTable().half_closed(clients, port) == {("127.0.0.1", waiting.getsockname()[1])}
+    # The same client address seen connected to another listener's address says nothing here.
+    elsewhere = {("127.0.0.1", waiting.getsockname()[1]): ("127.0.0.2", port)}
+    assert ProcessTable().half_closed(elsewhere, port) == set()
     for s in (waiting, a, b):
         s.close()
 

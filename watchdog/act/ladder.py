@@ -74,7 +74,7 @@ class Ladder:
         """The PID a restart would signal, and why it must not be signalled (None: it may)."""
         pid = manager.pid()
         if pid is None and manager.kind == "command":
-            pid = self.table.listener(server.port)
+            pid = self.table.listener(server.port, server.host)
         return pid, identity_problem(server, pid, self.table)
 
     def climb(

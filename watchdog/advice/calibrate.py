@@ -278,7 +278,7 @@ def serving_process(server: ServerConfig) -> tuple[int, float] | None:
 
     from mlx_watchdog.sense.process import ProcessTable
 
-    pid = ProcessTable().listener(server.port)
+    pid = ProcessTable().listener(server.port, server.host)
     try:
         return None if pid is None else (pid, psutil.Process(pid).create_time())
     except psutil.Error:

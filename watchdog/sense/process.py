@@ -38,6 +38,7 @@ class ProcessTable:
 
     def __init__(self) -> None:
         self.diag = True  # until the kernel's socket diagnostics fail once: psutil then on
+        self._resolved: dict[str, frozenset[str]] = {}
 
     def connections(self, proc: psutil.Process, port: int, kind: str) -> list[Any]:
         """The process's TCP sockets of that kind: at least those on `port` (all of them,
@@ -56,24 +57,40 @@ class ProcessTable:
                 self.diag = False
         return list(proc.net_connections(kind))
 
-    def listener(self, port: int) -> int | None:
-        """PID of the process listening on `port`, among those this user may inspect."""
+    def listener(self, port: int, host: str | None = None) -> int | None:
+        """PID of the process listening on `port` at an address that serves `host` (the one
+        the server's URL names: that very address first, then a wildcard), among those this
+        user may inspect. A port alone is not the server: an `ssh -L` forward binds [::1]:P
+        beside a server on 127.0.0.1:P."""
+        ips = self.addresses(host) if host else None
+        found: list[tuple[int, int]] = []  # (rank, PID): an exact address before a wildcard
         try:
             for sconn in psutil.net_connections("tcp"):
-                if _listens(sconn, port) and sconn.pid is not None:
-                    return int(sconn.pid)
+                if sconn.pid is not None and (rank := _serves(sconn, port, ips)):
+                    found.append((rank, int(sconn.pid)))
         except psutil.AccessDenied:
-            pass  # macOS allows the system-wide list to root only: look process by process
-        for pid, conns in _own_connections():
-            if any(_listens(c, port) for c in conns):
-                return pid
-        return None
+            # macOS allows the system-wide list to root only: look process by process
+            for pid, conns in _own_connections():
+                found += [(rank, pid) for c in conns if (rank := _serves(c, port, ips))]
+        return min(found)[1] if found else None
 
-    def half_closed(self, clients: set[Address], port: int) -> set[Address]:
-        """Of these clients on this machine of the server on `port`, those that shut down
-        only their sending side and still wait for the answer: their socket is in FIN_WAIT1
-        or 2 (its FIN sent, acked or not yet) and a process still holds it.
-        A client that closed leaves its socket to the kernel (no owner), or none at all."""
+    def addresses(self, host: str) -> frozenset[str] | None:
+        """The addresses `host` names (None where it cannot be resolved: the port decides)."""
+        if host not in self._resolved:
+            try:
+                infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+                self._resolved[host] = frozenset(_normal_ip(str(i[4][0])) for i in infos)
+            except (OSError, UnicodeError):
+                self._resolved[host] = frozenset()
+        return self._resolved[host] or None
+
+    def half_closed(self, clients: dict[Address, Address], port: int) -> set[Address]:
+        """Of these clients on this machine of the server on `port` (each with the server's
+        address it is connected to), those that shut down only their sending side and still
+        wait for the answer: their socket to that very address is in FIN_WAIT1 or 2 (its FIN
+        sent, acked or not yet) and a process still holds it. A client that closed leaves its
+        socket to the kernel (no owner), or none at all; one to another address on the same
+        port (another listener) says nothing of this one."""
         if not clients:
             return set()
         owned: list[Any] = []
@@ -93,7 +110,9 @@ class ProcessTable:
             for c in owned
             if c.status in HALF_CLOSED
             and c.laddr
+            and c.raddr
             and (addr := _normal((c.laddr.ip, c.laddr.port))) in clients
+            and _normal((c.raddr.ip, c.raddr.port)) == clients[addr]
         }
 
     def process(self, pid: int) -> psutil.Process:
@@ -112,8 +131,27 @@ def _own_connections() -> Iterable[tuple[int, list[Any]]]:
             continue
 
 
-def _listens(conn: Any, port: int) -> bool:
-    return bool(conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port)
+def _listens(conn: Any, port: int, ips: frozenset[str] | None = None) -> bool:
+    return _serves(conn, port, ips) > 0
+
+
+def _serves(conn: Any, port: int, ips: frozenset[str] | None) -> int:
+    """1 when `conn` listens on `port` at one of `ips` (or `ips` is unknown), 2 at a wildcard
+    address that takes them, 0 otherwise."""
+    if not (conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port):
+        return 0
+    if ips is None:
+        return 1
+    ip = _normal_ip(conn.laddr.ip)
+    if ip in ips:
+        return 1
+    if ip == "::" or (ip == "0.0.0.0" and any(":" not in a for a in ips)):
+        return 2
+    return 0
+
+
+def _normal_ip(ip: str) -> str:
+    return ip.removeprefix("::ffff:").split("%", 1)[0]
 
 
 def is_local_host(host: str) -> bool:
@@ -182,7 +220,11 @@ class Inspector:
         try:
             if pid is None:
                 # The last listener is checked below; a full scan is costly (every socket).
-                pid = self._proc.pid if self._proc is not None else self.table.listener(port)
+                pid = (
+                    self._proc.pid
+                    if self._proc is not None
+                    else self.table.listener(port, self.server.host)
+                )
         except (psutil.Error, OSError) as exc:
             return ProcessSample(pid=None, error=f"cannot list listening sockets: {exc}")
         if pid is None:
@@ -206,7 +248,8 @@ class Inspector:
         except (psutil.AccessDenied, psutil.ZombieProcess) as exc:
             return ProcessSample(pid=pid, error=f"cannot inspect PID {pid}: {type(exc).__name__}")
 
-        listening = [c for c in conns if _listens(c, port)]
+        ips = self.table.addresses(self.server.host)
+        listening = [c for c in conns if _listens(c, port, ips)]
         if self._kind != "tcp" and not listening:
             self._kind = "tcp"  # a listener of the other family now, or another process
             return self.sample(pid if not guessed else None, exclude)
@@ -243,11 +286,15 @@ class Inspector:
         skip = {_normal(a) for a in exclude}
         seen: dict[Address, Client] = {}
         here = {
-            _normal((c.raddr.ip, c.raddr.port))
+            client: _normal((c.laddr.ip, c.laddr.port))
             for c in conns
-            if c.raddr and c.status == psutil.CONN_CLOSE_WAIT and self._on_this_machine(c.raddr.ip)
+            if c.raddr
+            and c.laddr
+            and c.status == psutil.CONN_CLOSE_WAIT
+            and self._on_this_machine(c.raddr.ip)
+            and (client := _normal((c.raddr.ip, c.raddr.port))) not in skip
         }
-        waiting = self.table.half_closed(here - skip, port)
+        waiting = self.table.half_closed(here, port)
         for conn in conns:
             if not conn.raddr or conn.laddr.port != port:
                 continue
