@@ -88,6 +88,19 @@ def test_a_reading_that_fails_after_the_stop_is_said_not_the_last_good_one() -> 
     assert clock.now == 0.0
 
 
+def test_a_watchdog_that_stops_ends_the_wait_for_memory_at_once() -> None:
+    clock = Clock()
+    settle = Settle(
+        8 * GIB,
+        read=lambda: Machine(16 * GIB, 2 * GIB, 0, 0),
+        sleep=clock.sleep,
+        mono=clock,
+        stopping=lambda: True,
+    )
+    assert settle() == "the watchdog is stopping: started after 0.0 s, 2.0 GiB available"
+    assert clock.now == 0.0
+
+
 def test_the_servers_holding_the_memory_are_named_largest_first() -> None:
     said = memory_holders([("small", 3 * GIB), ("gone", 0), ("big", 10 * GIB)], 16 * GIB)
     assert said.startswith("resident in servers: 13.0 GiB of the machine's 16.0 GiB (big 10.0")
@@ -187,6 +200,48 @@ def test_launchd_boots_out_waits_and_boots_in(fake_services: FakeServices, tmp_p
     assert verbs[-3:] == ["bootout", "bootstrap", "kickstart"]
     assert until(lambda: listening(port), 10, "the job to listen again")
     subprocess.run(["launchctl", "bootout", f"gui/{os.getuid()}/{LABEL}"], check=True)
+
+
+@pytest.mark.parametrize("kind", ["systemd", "launchd"])
+def test_a_watchdog_stopping_during_the_settle_still_starts_what_it_stopped(
+    fake_services: FakeServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The watchdog is told to stop (SIGTERM: an upgrade, `systemctl --user stop mlx-watchdog`)
+    while it waits for the memory between its stop and its start: the start still comes, the
+    server is not left stopped."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    port = free_port()
+    system = System()
+    m: SystemdManager | LaunchdManager
+    if kind == "systemd":
+        folder = tmp_path / "config" / "systemd" / "user"
+        folder.mkdir(parents=True)
+        argv = " ".join(badserver_argv(port))
+        (folder / "mlx.service").write_text(f"[Service]\nExecStart={argv}\nRestart=always\n")
+        subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
+        subprocess.run(["systemctl", "--user", "start", "mlx.service"], check=True)
+        m = SystemdManager(server(port, manager="systemd", unit="mlx.service"), system)
+    else:
+        plist = tmp_path / f"{LABEL}.plist"
+        job = {"Label": LABEL, "ProgramArguments": badserver_argv(port), "RunAtLoad": True}
+        plist.write_bytes(plistlib.dumps({**job, "KeepAlive": True, "ExitTimeOut": 2}))
+        subprocess.run(["launchctl", "bootstrap", f"gui/{os.getuid()}", str(plist)], check=True)
+        m = LaunchdManager(server(port, manager="launchd", label=LABEL, plist=plist), system)
+    old = until(lambda: m.pid() if listening(port) else None, 10, "the server to listen")
+
+    def stopping() -> str:
+        system.interrupt()  # what the daemon's stop does to a restart still running
+        return "interrupted"
+
+    outcome = m.stop_then_start(stopping)
+    assert outcome is not None and outcome.ok, outcome
+    assert until(lambda: listening(port), 10, "the server to listen again")
+    system.resume()  # as the daemon does before its managers' last stops
+    assert m.pid() not in (None, old)
+    if kind == "systemd":
+        subprocess.run(["systemctl", "--user", "stop", "mlx.service"], check=True)
+    else:
+        subprocess.run(["launchctl", "bootout", f"gui/{os.getuid()}/{LABEL}"], check=True)
 
 
 def test_a_manager_that_restarts_in_one_step_restarts_and_says_so(tmp_path: Path) -> None:

@@ -548,7 +548,13 @@ class Cycle:
             return None
         freed = resident(self.manager.pid())
         system = self.crew.ladder.system
-        return Settle(freed, read=self.crew.machine, sleep=system.sleep, mono=self.mono)
+        return Settle(
+            freed,
+            read=self.crew.machine,
+            sleep=system.sleep,
+            mono=self.mono,
+            stopping=lambda: system.interrupted,
+        )
 
     def _unload(self, pid: int | None) -> Unloader | None:
         """One wedged model of a server that holds several is unloaded, not the server

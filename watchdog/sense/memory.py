@@ -92,12 +92,14 @@ class Settle:
         sleep: Callable[[float], None],
         mono: Callable[[], float],
         limit: float = SETTLE_MAX,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.freed = max(0, freed)
         self.read = read
         self.sleep = sleep
         self.mono = mono
         self.limit = limit
+        self.stopping = stopping
         self.before = read()  # taken before the stop
 
     def __call__(self) -> str:
@@ -120,6 +122,11 @@ class Settle:
                 return (
                     f"memory back after {waited:.1f} s: {gib(now.available)} available "
                     f"(+{gib(now.available - self.before.available)})"
+                )
+            if self.stopping():
+                return (
+                    f"the watchdog is stopping: started after {waited:.1f} s, "
+                    f"{gib(now.available)} available"
                 )
             if waited >= self.limit:
                 return (

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -59,6 +59,7 @@ class System:
         self.record = record
         self._running: dict[int, dict[str, object]] = {}
         self._running_lock = threading.Lock()
+        self._finishing = threading.local()
 
     def interrupt(self) -> None:
         self._interrupted.set()
@@ -68,10 +69,24 @@ class System:
 
     @property
     def interrupted(self) -> bool:
-        return self._interrupted.is_set()
+        return self._interrupted.is_set() and not getattr(self._finishing, "depth", 0)
+
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[None]:
+        """The second step of a two-step restart (the start after a stop), in this thread: a
+        watchdog that stops meanwhile lets it finish (each command within its own timeout)
+        rather than leave the server stopped."""
+        self._finishing.depth = getattr(self._finishing, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._finishing.depth -= 1
 
     def sleep(self, seconds: float) -> None:
-        self._interrupted.wait(seconds)
+        if getattr(self._finishing, "depth", 0):
+            time.sleep(seconds)
+        else:
+            self._interrupted.wait(seconds)
 
     def run(self, argv: Sequence[str], timeout: float) -> tuple[int, str]:
         """Run a command without a shell: (exit code, its output).
@@ -105,7 +120,7 @@ class System:
                         if self.interrupted:
                             return INTERRUPTED, f"{argv[0]}: killed, the watchdog is stopping"
                         return 124, f"{argv[0]}: no answer within {timeout:g}s"
-                    self._interrupted.wait(min(left, 0.1))
+                    self.sleep(min(left, 0.1))
             finally:
                 self._note(proc.pid, None)
             out.seek(0)

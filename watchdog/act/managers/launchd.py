@@ -176,14 +176,19 @@ class LaunchdManager(External):
         if not gone:
             return Outcome(False, f"the old job would not go: {said}", tuple(steps))
         steps.append(between())
-        code, said = bootstrap(self.system, self.domain, self.plist)
-        steps.append(said)
-        if code != 0:
-            return Outcome(False, said, tuple(steps))
-        code, _ = self.system.run(["launchctl", "kickstart", self.target], timeout=30)
-        steps.append(f"launchctl kickstart {self.target}: exit {code}")
-        if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
-            return Outcome(
-                True, f"bootout + bootstrap replaced PID {before} with {self.pid()}", tuple(steps)
-            )
+        # Booted out by us, it is loaded again by us: a watchdog that stops meanwhile
+        # finishes this rather than leave the job unloaded.
+        with self.system.finishing():
+            code, said = bootstrap(self.system, self.domain, self.plist)
+            steps.append(said)
+            if code != 0:
+                return Outcome(False, said, tuple(steps))
+            code, _ = self.system.run(["launchctl", "kickstart", self.target], timeout=30)
+            steps.append(f"launchctl kickstart {self.target}: exit {code}")
+            if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
+                return Outcome(
+                    True,
+                    f"bootout + bootstrap replaced PID {before} with {self.pid()}",
+                    tuple(steps),
+                )
         return Outcome(False, "bootout + bootstrap did not start the job", tuple(steps))

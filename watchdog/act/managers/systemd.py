@@ -47,16 +47,21 @@ class SystemdManager(External):
         `between`, then `start`."""
         before = self.pid()
         steps: list[str] = []
-        for verb in ("stop", "start"):
-            argv = ["systemctl", "--user", verb, self.unit]
-            code, out = self.system.run(argv, timeout=120)
-            steps.append(f"{' '.join(argv)}: exit {code}")
+        stop = ["systemctl", "--user", "stop", self.unit]
+        code, out = self.system.run(stop, timeout=120)
+        steps.append(f"{' '.join(stop)}: exit {code}")
+        if code != 0:
+            return Outcome(False, f"systemctl stop failed: {out}", tuple(steps))
+        steps.append(between())
+        # Stopped by us, it is started by us: a watchdog that stops meanwhile finishes this.
+        with self.system.finishing():
+            start = ["systemctl", "--user", "start", self.unit]
+            code, out = self.system.run(start, timeout=120)
+            steps.append(f"{' '.join(start)}: exit {code}")
             if code != 0:
-                return Outcome(False, f"systemctl {verb} failed: {out}", tuple(steps))
-            if verb == "stop":
-                steps.append(between())
-        if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
-            return Outcome(True, f"replaced PID {before} with {self.pid()}", tuple(steps))
+                return Outcome(False, f"systemctl start failed: {out}", tuple(steps))
+            if wait_for(lambda: self.pid() not in (None, before), REPLACE_TIMEOUT, self.system):
+                return Outcome(True, f"replaced PID {before} with {self.pid()}", tuple(steps))
         return Outcome(
             False, f"systemctl start succeeded but no new PID replaced {before}", tuple(steps)
         )
