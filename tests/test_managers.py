@@ -361,3 +361,27 @@ def test_a_group_whose_leader_left_is_not_signalled_when_a_member_predates_the_r
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, 9)
+
+
+def test_a_token_from_another_process_that_took_the_port_is_not_the_restarted_servers(
+    tmp_path: Path,
+) -> None:
+    """The manager started its server (here one slow to listen); meanwhile another process
+    bound the port and answers: its token is not "serving again", and what it was is said."""
+    port = free_port()
+    slow = [sys.executable, "-c", "import time; time.sleep(120)", "badserver"]
+    cfg = server(port, manager="process", command=tuple(slow))
+    m = ProcessManager(cfg, System(), tmp_path / "process-s.json")
+    m.start()
+    other = subprocess.Popen(bad_argv(port), stdout=subprocess.DEVNULL)
+    try:
+        until(lambda: listening(port) == other.pid, 10, "the other process to listen")
+        ladder = Ladder()
+        served, foreign = ladder._await_token(cfg, m, Checker(cfg))
+        assert served is None and foreign is not None
+        assert f"the token came from PID {other.pid}" in foreign
+        assert f"the server the manager started is PID {m.pid()}" in foreign
+    finally:
+        other.kill()
+        other.wait()
+        m.stop()

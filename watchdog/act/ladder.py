@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import psutil
+
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.managers import Manager, ManagerError, Outcome, System, identity_problem
 from mlx_watchdog.config import ServerConfig
@@ -104,7 +106,11 @@ class Ladder:
                 outcome = self._replace(manager, settle, unload)
             except (ManagerError, OSError) as exc:
                 outcome = Outcome(False, str(exc))
-            served_at = self._await_token(server, manager, checker) if outcome.ok else None
+            served_at = None
+            if outcome.ok:
+                served_at, foreign = self._await_token(server, manager, checker)
+                if foreign is not None:
+                    outcome = replace(outcome, steps=(*outcome.steps, foreign))
         finally:
             if drain is not None:
                 drain.end()
@@ -135,15 +141,16 @@ class Ladder:
 
     def _await_token(
         self, server: ServerConfig, manager: Manager, checker: Checker
-    ) -> float | None:
+    ) -> tuple[float | None, str | None]:
         """Probe until a token comes (also warming the prompt cache) or startup_grace ends;
         the wall time of the token. A server the manager saw exit again has not started: a
-        process counts as started only once it serves."""
+        process counts as started only once it serves, and a token from another process that
+        took the port meanwhile is not the restarted server's (what it was is said)."""
         deadline = self.mono() + server.probe.startup_grace
         while not self.stopping():
             left = deadline - self.mono()
             if left <= 0 or manager.exited() is not None:
-                return None
+                return None, None
             probing = replace(server, probe=replace(server.probe, hard_timeout=left))
             # Its connections are the watchdog's own: a probe that times out on a server
             # still starting must not count as a client that gave up.
@@ -151,16 +158,35 @@ class Ladder:
             while not probe.wait(0.2):
                 if self.stopping():
                     probe.abort()
-                    return None
+                    return None, None
             snap = probe.snapshot()
             if snap.finding == OK:
+                foreign = self._foreign(server, manager)
+                if foreign is not None:
+                    return None, foreign
                 token = snap.first_token_at or self.mono()
-                return self.wall() - (self.mono() - token)
+                return self.wall() - (self.mono() - token), None
             if snap.finding in DOWN_FINDINGS or snap.finding == ProbeFinding.RESET:
                 self.system.sleep(RETRY_PAUSE)  # not listening yet
             else:
                 self.system.sleep(RETRY_PAUSE * 2)
-        return None
+        return None, None
+
+    def _foreign(self, server: ServerConfig, manager: Manager) -> str | None:
+        """Why the token came from another process than the one the manager started (None
+        when it is that one, or the manager names none)."""
+        ours = manager.pid()
+        holder = self.table.listener(server.port, server.host)
+        if ours is None or holder is None or holder == ours:
+            return None
+        try:
+            what = " ".join(self.table.process(holder).cmdline())[:160]
+        except psutil.Error:
+            what = "?"
+        return (
+            f"the token came from PID {holder} ({what}), which took the port while the server "
+            f"restarted; the server the manager started is PID {ours}"
+        )
 
     def _wait_drained(self, server: ServerConfig, manager: Manager, checker: Checker) -> None:
         """Wait (bounded) for live clients to finish before a restart."""

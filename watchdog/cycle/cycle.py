@@ -8,7 +8,6 @@ incident is decided here."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import threading
@@ -42,7 +41,7 @@ from mlx_watchdog.judge.estimate import WorkLeft, calibrated_rate, curve, work_l
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
-from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.judge.verdict import Verdict, renamed
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.record.tally import Tally, abandoned_lately
@@ -345,7 +344,7 @@ class Cycle:
             f"the last {self.server.restart.window:g} s, each cured; a restart treats the "
             "symptom: the clients' timeouts must outlast their prefill"
         )
-        return _renamed(v, Diagnosis(cause, because))
+        return renamed(v, Diagnosis(cause, because))
 
     def _throttled(self, v: Verdict) -> Verdict:
         """A failing server whose prefill runs far below its calibration, the system holding it
@@ -366,7 +365,7 @@ class Cycle:
             clamp=e.clamp,
             idle_below=self.server.probe.idle_cpu_percent,
         )
-        return v if found is None else _renamed(v, found)
+        return v if found is None else renamed(v, found)
 
     def cured_lately(self) -> int:
         """Incidents from abandoned requests in the budget's window that ended served."""
@@ -696,10 +695,3 @@ class Cycle:
         said = self.sight.look(self.blindness(mono, interval), state)
         if said is not None:
             self.emit(*said)
-
-
-def _renamed(v: Verdict, found: Diagnosis) -> Verdict:
-    """The verdict with its cause named anew (the cause is the reason's last part)."""
-    reason = v.reason.split("; cause: ", 1)[0] + f"; cause: {found.describe()}"
-    evidence = dataclasses.replace(v.evidence, cause=str(found.cause), cause_because=found.because)
-    return dataclasses.replace(v, reason=reason, evidence=evidence)

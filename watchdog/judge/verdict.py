@@ -3,7 +3,7 @@ Pure: no I/O, `now` comes in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.cause import STATED, Cause, Diagnosis, Facts, diagnose
@@ -359,3 +359,10 @@ def _s(seconds: float) -> str:
     if seconds < 100:
         return f"{seconds:.1f} s"
     return f"{seconds:.0f} s"
+
+
+def renamed(v: Verdict, found: Diagnosis) -> Verdict:
+    """The verdict with its cause named anew (the cause is the reason's last part)."""
+    reason = v.reason.split("; cause: ", 1)[0] + f"; cause: {found.describe()}"
+    evidence = replace(v.evidence, cause=str(found.cause), cause_because=found.because)
+    return replace(v, reason=reason, evidence=evidence)

@@ -192,7 +192,7 @@ def incident_row(row: sqlite3.Row) -> Incident | None:
         state=text(row["state"], "unknown"),
         reason=text(row["reason"]),
         evidence=doc(row["evidence"], {}),
-        actions=[a for a in doc(row["actions"], []) if isinstance(a, dict)],
+        actions=[a for a in doc(row["actions"], list[Any]()) if isinstance(a, dict)],
         outage_s=span(row["outage_s"]),
         recover_s=span(row["recover_s"]),
         outcome=maybe_text(row["outcome"]),
