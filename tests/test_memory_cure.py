@@ -302,3 +302,53 @@ def test_a_server_wedged_under_memory_pressure_is_stopped_and_started_when_memor
     assert steps[0] == f"stopped PID {first[0]}", steps
     assert steps[1].startswith("memory back after ") and "12.0 GiB available" in steps[1]
     assert steps[2].startswith("started PID ")
+
+
+def test_a_server_removed_by_a_reload_while_its_restart_waits_is_left_running_by_nothing(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """A reload removes a process-managed server while its memory cure waits between the stop
+    and the start: the restart still starts it (it began), and then stops what it started,
+    since nothing supervises it any more."""
+    from mlx_watchdog.config import effective, to_toml
+
+    port = free_port()
+    hang, back = tmp_path / "hang", tmp_path / "back"
+
+    def machine() -> Machine:
+        if back.exists():
+            return Machine(16 * GIB, 12 * GIB, 8 * GIB, 2 * GIB)
+        return Machine(16 * GIB, GIB // 2, 8 * GIB, 8 * GIB - GIB // 4)
+
+    cmd = badserver_argv(port, "hang_later", "--hang-file", str(hang), "--busy-generation")
+    srv = {
+        "name": "m",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": cmd,
+        "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "30s"},
+        "restart": {"max_restarts": 3, "backoff": "1s", "least_cost": False},
+    }
+    other = {"name": "o", "url": "http://127.0.0.1:9", "probe": {"startup_grace": "1h"}}
+    raw = watchdog_config(tmp_path / "state", [srv, other], interval="300ms")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(to_toml(effective(parse_config(raw))))
+    t = run_daemon(Daemon(parse_config(raw), config_path=cfg, machine=machine))
+    cycle = t.daemon.cycles["m"]
+    until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 30, "serving")
+    first = until(lambda: cycle.manager.pid(), 5, "its PID")
+    hang.touch()
+    until(lambda: cycle.restarting and not alive(first), 30, "the stop, then the wait")
+    cfg.write_text(to_toml(effective(parse_config({**raw, "server": [other]}))))
+    assert t.daemon.reload() and "m" not in t.daemon.cycles
+    hang.unlink()
+    back.touch()  # the memory comes back: the restart starts the server, then stops it
+    until(lambda: not cycle.restarting, 30, "the restart to end")
+    assert until(lambda: not listening(port), 10, "nothing left listening")
+    mine = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if str(port) in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert mine == [], mine

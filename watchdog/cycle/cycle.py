@@ -18,9 +18,9 @@ from collections.abc import Callable
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
-from mlx_watchdog.act.unload import Unloader
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
+from mlx_watchdog.cycle.cures import named_throttled, settle_for, unloader_for
 from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
@@ -34,10 +34,9 @@ from mlx_watchdog.judge.cause import (
     Diagnosis,
     budget_spent,
     recurring,
-    throttled,
 )
 from mlx_watchdog.judge.clearing import Clearing
-from mlx_watchdog.judge.estimate import WorkLeft, calibrated_rate, curve, work_left
+from mlx_watchdog.judge.estimate import WorkLeft, curve, work_left
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
@@ -45,7 +44,7 @@ from mlx_watchdog.judge.verdict import Verdict, renamed
 from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.record.tally import Tally, abandoned_lately
-from mlx_watchdog.sense.memory import Settle, memory_holders, resident
+from mlx_watchdog.sense.memory import memory_holders, resident
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -96,6 +95,10 @@ class Cycle:
         # reload removed the server (its job ends).
         self.new_config: ServerConfig | None = None
         self.retired = False
+        # A retirement and a restart are one owner's: a reload (the main thread) that removes
+        # the server while its job climbs a restart leaves the stop to the climb's end.
+        self._owner = threading.Lock()
+        self._climbing = False
         self._restart_row: Ref = None
         self._restart_began = 0.0
 
@@ -117,9 +120,13 @@ class Cycle:
         self.new_config = server
 
     def retire(self) -> None:
-        """A reload removed the server: its job ends, and a server the watchdog ran stops."""
-        self.retired = True
-        self.manager.stop()
+        """A reload removed the server: its job ends, and a server the watchdog ran stops: now,
+        or, while a restart is under way, once it ends (what it starts stops with it)."""
+        with self._owner:
+            self.retired = True
+            climbing = self._climbing
+        if not climbing:
+            self.manager.stop()
 
     def apply_new_config(self, make: Callable[[ServerConfig], Manager]) -> None:
         """Apply a reload's settings, in this server's own job. The running process is left
@@ -226,7 +233,8 @@ class Cycle:
         return self.verdict
 
     def _judged(self, v: Verdict) -> None:
-        v = self._throttled(self._recurring(v))
+        calibration = functools.partial(self.store.last_calibration, self.server.name)
+        v = named_throttled(self._recurring(v), calibration, self.server.probe.idle_cpu_percent)
         before = self.verdict.state if self.verdict else None
         self.verdict = v
         now = self.judged_at = self.wall()
@@ -345,27 +353,6 @@ class Cycle:
             "symptom: the clients' timeouts must outlast their prefill"
         )
         return renamed(v, Diagnosis(cause, because))
-
-    def _throttled(self, v: Verdict) -> Verdict:
-        """A failing server whose prefill runs far below its calibration, the system holding it
-        back or nothing else running: named for that (a restart starts it under the same
-        limits)."""
-        e = v.evidence
-        renamable = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS, Cause.UNKNOWN)
-        if v.state not in BAD_STATES or e.cause not in renamable or e.prefill_rate_tps is None:
-            return v
-        expected = calibrated_rate(
-            self.store.last_calibration(self.server.name), e.prefill_done or 0
-        )
-        found = throttled(
-            e.prefill_rate_tps,
-            expected,
-            cpu=e.cpu_percent,
-            others=e.others_cpu_percent,
-            clamp=e.clamp,
-            idle_below=self.server.probe.idle_cpu_percent,
-        )
-        return v if found is None else renamed(v, found)
 
     def cured_lately(self) -> int:
         """Incidents from abandoned requests in the budget's window that ended served."""
@@ -514,17 +501,29 @@ class Cycle:
         drains = self.server.restart.drain and not self.draining
         drain = Drain(self.drain, self.undrain) if drains else None
         begin = functools.partial(self._begin, trigger, reason, pid)
-        settle = None if manual else self._settle()
-        unload = None if manual else self._unload(pid)
-        climb = ladder.climb(
-            self.server,
-            self.manager,
-            self.checker,
-            drain=drain,
-            begin=begin,
-            settle=settle,
-            unload=unload,
-        )
+        system, v = ladder.system, None if manual else self.verdict
+        freed = functools.partial(resident, self.manager.pid())
+        settle = settle_for(v, freed, self.crew.machine, system, self.mono)
+        unload = unloader_for(v, self.server, pid, system, self.mono)
+        with self._owner:
+            if self.retired:
+                return False
+            self._climbing = True
+        try:
+            climb = ladder.climb(
+                self.server,
+                self.manager,
+                self.checker,
+                drain=drain,
+                begin=begin,
+                settle=settle,
+                unload=unload,
+            )
+        finally:
+            with self._owner:
+                self._climbing, retired = False, self.retired
+            if retired:  # removed meanwhile: nothing this restart started runs on unsupervised
+                self.manager.stop()
         done, started = self.wall(), self._restart_began
         self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
         served_s = None if climb.served_at is None else climb.served_at - started
@@ -538,30 +537,6 @@ class Cycle:
             return True
         self._not_restarted(climb.result, climb.outcome)
         return False
-
-    def _settle(self) -> Settle | None:
-        """Under memory pressure, a restart waits between the stop and the start for the
-        memory the server held to come back."""
-        v = self.verdict
-        if v is None or v.evidence.cause != Cause.MEMORY_PRESSURE:
-            return None
-        freed = resident(self.manager.pid())
-        system = self.crew.ladder.system
-        return Settle(
-            freed,
-            read=self.crew.machine,
-            sleep=system.sleep,
-            mono=self.mono,
-            stopping=lambda: system.interrupted,
-        )
-
-    def _unload(self, pid: int | None) -> Unloader | None:
-        """One wedged model of a server that holds several is unloaded, not the server
-        restarted."""
-        v = self.verdict
-        if v is None or v.evidence.cause != Cause.MODEL_WEDGED or v.evidence.model is None:
-            return None
-        return Unloader(self.server, v.evidence.model, pid, self.crew.ladder.system, self.mono)
 
     def _memory_holders(self) -> str:
         machine = self.crew.machine()
