@@ -29,6 +29,10 @@ from mlx_watchdog.sense.stack import Stacker
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 POLL = 0.25
 LOOK = 1.0
+# While the probe is answered at once, the rest of a look (the process and its sockets, the
+# models list, the health route) is taken at most this often: at a 100 ms interval it was most
+# of a probe's CPU, and a server that serves has nothing in them to judge.
+FULL_LOOK_EVERY = 1.0
 CPU_KEPT = 30  # CPU readings over one wait kept
 
 
@@ -94,6 +98,10 @@ class Checker:
         self.side_tried = False
         self.cpu_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
+        self.looked: tuple[float, ProcessSample, LoadReport | None] | None = None  # full look
+        self.models_at: float | None = None
+        self.announced: tuple[str, int] | None = None  # the probe's address, not yet on record
+        self.answered_last = False  # the last look's probe was answered (a token)
 
     def look_at_load(self) -> LoadReport | None:
         """The server's own report, read before deciding to probe. The observation reads it
@@ -113,10 +121,12 @@ class Checker:
                 used.append(address)
                 self.connected(address)
 
-            self.models = check_models(self.server, mono=self.mono, on_connect=note)
-            if self.models.status is not None:  # answered: the server closes its end
-                for address in used:
-                    self.own.answered(address)
+            if self._due(self.models_at):
+                self.models_at = self.mono()
+                self.models = check_models(self.server, mono=self.mono, on_connect=note)
+                if self.models.status is not None:  # answered: the server closes its end
+                    for address in used:
+                        self.own.answered(address)
         return self.probe
 
     def reconfigure(self, server: ServerConfig) -> None:
@@ -139,10 +149,16 @@ class Checker:
         if moved:
             self.load.forget()
 
+    def _due(self, last: float | None) -> bool:
+        """A full look is due: none yet, a second since the last, or the last verdict's probe
+        was not answered at once."""
+        return last is None or self.mono() - last >= FULL_LOOK_EVERY or not self.answered_last
+
     def _probe_connected(self, address: tuple[str, int]) -> None:
         self.connected(address)
         if self.announce_probe and not self.short_lived:
-            self.left.add(address, keep_for=self.server.probe.hard_timeout)
+            # On record once it waits (the next look): one answered at once needs none.
+            self.announced = address
 
     def connected(self, address: tuple[str, int]) -> None:
         """One of this watchdog's connections to the server: never a client."""
@@ -163,14 +179,10 @@ class Checker:
         if snap.finding == ProbeFinding.PROBE_FAILED:
             self.probe = None  # a fresh probe next tick
             raise OwnFault(f"{self.server.name}: {snap.detail}")
-        if snap.done and probe.local_address and snap.finding not in UNANSWERED:
-            self.own.answered(probe.local_address)
-            if self.announce_probe and self.probe is probe:
-                self.left.shorten(probe.local_address, keep_for=ANSWERED_GRACE)
-        process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
+        self._account(probe, snap)
+        process, load = self._look(pid, snap)
         if process.live:
             self.live_seen = self.mono()
-        load = self.load.read()
         fans_out = self.server.profile.fans_out
         if leaked_requests(load, process, fans_out=fans_out) > 0:
             self.leak_since = self.mono() if self.leak_since is None else self.leak_since
@@ -211,6 +223,34 @@ class Checker:
             served=self._served(process),
             live_seen=self.live_seen,
         )
+
+    def _account(self, probe: Probe, snap: ProbeSnapshot) -> None:
+        """The probe's connection as the watchdog's own: answered, or on record while it waits
+        (a daemon killed now leaves it on the server)."""
+        if snap.done and probe.local_address and snap.finding not in UNANSWERED:
+            self.own.answered(probe.local_address)
+            if self.announce_probe and self.probe is probe and self.announced is None:
+                self.left.shorten(probe.local_address, keep_for=ANSWERED_GRACE)
+        if self.announced is not None:
+            if not snap.done:
+                self.left.add(self.announced, keep_for=self.server.probe.hard_timeout)
+            self.announced = None
+
+    def _look(
+        self, pid: int | None, snap: ProbeSnapshot
+    ) -> tuple[ProcessSample, LoadReport | None]:
+        """The process and the server's own report: read anew, or, while the probe is answered
+        at once, the last full look's within FULL_LOOK_EVERY."""
+        answered, kept = snap.done and snap.finding == ProbeFinding.OK, self.looked
+        # Kept only between answered probes: the first answer after a failure looks anew.
+        young = kept is not None and self.mono() - kept[0] < FULL_LOOK_EVERY
+        reuse, self.answered_last = answered and self.answered_last and young, answered
+        if reuse and kept is not None:
+            return kept[1], kept[2]
+        process = self.inspector.sample(pid, exclude=self.left.load() + self.own.addresses())
+        load = self.load.read()
+        self.looked = (self.mono(), process, load)
+        return process, load
 
     def _notice_restart(self, process: ProcessSample) -> None:
         """Another server process than the last look's: its log so far is the old one's."""
