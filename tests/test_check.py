@@ -1,5 +1,5 @@
-"""One check round's cost while the server serves: the rest of a look at most once a second,
-the probe on record only once it waits."""
+"""One check round's cost while the server serves: the rest of a look at most every few
+seconds, the probe on record only once it waits."""
 
 from __future__ import annotations
 
@@ -49,16 +49,17 @@ def rounds(checker: Checker, clock: Clock, n: int, step: float) -> None:
         clock.now += step
 
 
-def test_while_the_probe_is_answered_the_rest_of_a_look_comes_once_a_second(
+def test_while_the_probe_is_answered_the_rest_of_a_look_comes_every_few_seconds(
     bad_server: Callable[..., Running], tmp_path: Path
 ) -> None:
     srv = bad_server("ok")
     clock = Clock()
     checker, inspector, record = checker_on(srv, tmp_path, clock)
-    rounds(checker, clock, 30, 0.1)  # three seconds of probes every 100 ms
-    assert 3 <= inspector.looks <= 3 / FULL_LOOK_EVERY + 2, inspector.looks
-    # Each was answered at once: none went on the record a killed daemon's successor reads.
-    assert not record.exists() or json.loads(record.read_text()) == []
+    rounds(checker, clock, 150, 0.1)  # fifteen seconds of probes every 100 ms
+    assert 15 / FULL_LOOK_EVERY <= inspector.looks <= 15 / FULL_LOOK_EVERY + 2, inspector.looks
+    # Once one was answered at once, none went on the record a killed daemon's successor
+    # reads: only the first, sent before any answer was seen.
+    assert len(json.loads(record.read_text())) == 1
 
 
 def test_a_probe_that_waits_is_on_record_and_every_look_is_full(

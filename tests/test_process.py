@@ -102,7 +102,7 @@ def test_no_listener_is_evidence_not_a_crash() -> None:
 
 
 class DeniedTable(ProcessTable):
-    def listener(self, port: int, host: str | None = None) -> int | None:
+    def listener(self, port: int, host: str | None = None, match: str = "") -> int | None:
         return 123
 
     def process(self, pid: int) -> psutil.Process:

@@ -76,7 +76,7 @@ class Ladder:
         """The PID a restart would signal, and why it must not be signalled (None: it may)."""
         pid = manager.pid()
         if pid is None and manager.kind == "command":
-            pid = self.table.listener(server.port, server.host)
+            pid = self.table.listener(server.port, server.host, server.match)
         return pid, identity_problem(server, pid, self.table)
 
     def climb(
@@ -176,7 +176,7 @@ class Ladder:
         """Why the token came from another process than the one the manager started (None
         when it is that one, or the manager names none)."""
         ours = manager.pid()
-        holder = self.table.listener(server.port, server.host)
+        holder = self.table.listener(server.port, server.host, server.match)
         if ours is None or holder is None or holder == ours:
             return None
         try:

@@ -278,7 +278,7 @@ def serving_process(server: ServerConfig) -> tuple[int, float] | None:
 
     from mlx_watchdog.sense.process import ProcessTable
 
-    pid = ProcessTable().listener(server.port, server.host)
+    pid = ProcessTable().listener(server.port, server.host, server.match)
     try:
         return None if pid is None else (pid, psutil.Process(pid).create_time())
     except psutil.Error:

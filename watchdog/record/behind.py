@@ -17,6 +17,7 @@ from mlx_watchdog.record.db import RETRY_LOCKED, Database, Later
 log = logging.getLogger("mlx_watchdog.store")
 
 QUEUE_MAX = 10_000  # writes waiting; past this the newest are lost, and that is reported
+BATCH = 200  # writes carried out in one transaction: one commit (one sync) for all of them
 FLUSH_TIMEOUT = 5.0  # at close, for the queued writes
 
 Work = Callable[[sqlite3.Connection], None]
@@ -56,7 +57,13 @@ class Behind:
                     self._queued.wait()
                 if not self._queue:
                     return
-                work = self._queue[0]
+                batch = [self._queue[i] for i in range(min(BATCH, len(self._queue)))]
+
+            def work(db: sqlite3.Connection, batch: list[Work] = batch) -> None:
+                with self.db.tx(db):
+                    for each in batch:
+                        each(db)
+
             try:
                 self.db.guard(None, work, wait=True)
             except Later as exc:
@@ -71,7 +78,8 @@ class Behind:
                 log.info("history database is written again")
                 self.db.problem = None
             with self._queued:
-                self._queue.popleft()
+                for _ in batch:
+                    self._queue.popleft()
                 self._queued.notify_all()
 
     def flush(self, timeout: float) -> bool:

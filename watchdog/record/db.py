@@ -244,6 +244,10 @@ class Database:
 
     @contextmanager
     def tx(self, db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        """A transaction; within one already open (a batch of writes), a part of it."""
+        if db.in_transaction:
+            yield db
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db

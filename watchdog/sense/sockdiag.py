@@ -216,3 +216,37 @@ def owned_inodes(pid: int) -> set[int]:
         if target.startswith("socket:["):
             inodes.add(int(target[8:-1]))
     return inodes
+
+
+def holder(inodes: Iterable[int], match: str = "") -> dict[int, int]:
+    """The PIDs holding these socket inodes ({inode: pid}), looked for among this machine's
+    processes, those whose command line holds `match` first (the server is usually the first
+    looked at: psutil's way maps every socket of every process). Processes not ours to read
+    are passed over."""
+    wanted = set(inodes)
+    found: dict[int, int] = {}
+    if not wanted:
+        return found
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    if match:
+        needle = match.encode()
+
+        def likely(pid: int) -> bool:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    return needle in fh.read(1 << 16).replace(b"\0", b" ")
+            except OSError:
+                return False
+
+        pids.sort(key=lambda pid: not likely(pid))
+    for pid in pids:
+        try:
+            held = owned_inodes(pid) & wanted
+        except OSError:
+            continue  # gone, or another user's
+        for inode in held:
+            found[inode] = pid
+        wanted -= held
+        if not wanted:
+            break
+    return found

@@ -297,7 +297,7 @@ def identity_problem(server: ServerConfig, pid: int | None, table: ProcessTable)
     if pid is None:
         return None
     try:
-        listener = table.listener(server.port, server.host)
+        listener = table.listener(server.port, server.host, server.match)
         proc = table.process(pid)
         cmdline = " ".join(proc.cmdline())
     except psutil.NoSuchProcess:
