@@ -449,6 +449,30 @@ def port_taken(run: Run) -> tuple[str, int, list[str]]:
     )
 
 
+def listener_beside(run: Run) -> tuple[str, int, list[str]]:
+    """Another program listens on the same port at another address (as an `ssh -L` forward
+    binds [::1]:P beside a server on 127.0.0.1:P); the server then wedges: the server is the
+    one restarted, the other left alone."""
+    listen = (
+        "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.2', int(sys.argv[1])));"
+        " s.listen(); time.sleep(600)"
+    )
+    stranger = subprocess.Popen([sys.executable, "-c", listen, str(run.port)])
+    run.others.append(stranger)
+    run.config()
+    run.daemon()
+    began = time.monotonic()
+    run.server("hang")
+    wait(lambda: "recovered" in run.events(), 30, "recovered")
+    alive = stranger.poll() is None
+    return (
+        f"the server healed in {time.monotonic() - began:.1f} s; the program beside it "
+        f"{'left alone' if alive else 'SIGNALLED'}",
+        1,
+        HEALED,
+    )
+
+
 def disk_full(run: Run) -> tuple[str, int, list[str]]:
     if os.getuid() != 0:
         raise Timeout("needs root for a tmpfs")
@@ -510,6 +534,7 @@ FAULTS: dict[str, Callable[[Run], tuple[str, int, list[str]]]] = {
     "clock -1 h": clock_backward,
     "server SIGSTOP": server_stopped,
     "port taken": port_taken,
+    "a listener beside": listener_beside,
     "disk full": disk_full,
     "ticks hang": ticks_hang,
 }
