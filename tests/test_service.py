@@ -352,15 +352,24 @@ def test_system_unit_runs_the_watchdog_as_the_sudo_user(
 # -- --system: the job's user, its files, its sandbox ----------------------------------------
 
 
+def root_home(user: User) -> Path:
+    """Root's home as the tests stand it in: root's own, 0700."""
+    home = user.home.parent / "root-home"
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(home, 0o700)
+    return home
+
+
 def _system_install(
     user: User, monkeypatch: pytest.MonkeyPatch, *args: str, sudo_user: str | None = None
 ) -> tuple[int, str]:
-    """`sudo mlx-watchdog install --system --dry-run` as Ubuntu's sudo runs it: HOME is root's."""
+    """`sudo mlx-watchdog install --system --dry-run` as Ubuntu's sudo runs it: HOME is root's
+    (a folder of the test's standing for it: no test reads or writes this machine's /root)."""
     from click.testing import CliRunner
 
     from mlx_watchdog.cli import cli
 
-    monkeypatch.setenv("HOME", "/root")
+    monkeypatch.setenv("HOME", str(root_home(user)))
     for key in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "MLX_WATCHDOG_CONFIG"):
         monkeypatch.delenv(key, raising=False)
     if sudo_user is None:
@@ -382,7 +391,7 @@ def test_system_install_under_sudo_uses_the_job_users_home(
     code, output = _system_install(user, monkeypatch, sudo_user=user.name)
     assert code == 0, output
     config = user.home / ".config" / "mlx-watchdog" / "config.toml"
-    assert f"--config {config}" in output and "/root/.config" not in output
+    assert f"--config {config}" in output and f"{root_home(user)}/.config" not in output
     assert f"Environment=HOME={user.home}" in output
     assert f"ReadWritePaths=-{user.home}" in output
 
@@ -396,16 +405,10 @@ def test_system_install_under_sudo_uses_the_job_users_home(
         output
     )
 
-    hidden = Path("/root") / f"mlxwd-{os.getpid()}.toml"
+    hidden = root_home(user) / f"mlxwd-{os.getpid()}.toml"
     hidden.write_text('[[server]]\nurl = "http://127.0.0.1:1"\n')
-    try:
-        os.chmod("/root", 0o700)
-        code, output = _system_install(
-            user, monkeypatch, "--config", str(hidden), sudo_user=user.name
-        )
-    finally:
-        hidden.unlink()
-    assert code == 1 and f"{user.name}, who cannot read /root" in output, output
+    code, output = _system_install(user, monkeypatch, "--config", str(hidden), sudo_user=user.name)
+    assert code == 1 and f"{user.name}, who cannot read {root_home(user)}" in output, output
     assert "Traceback" not in output
 
 
@@ -432,7 +435,7 @@ def test_system_install_writes_the_template_for_the_job_user(
     monkeypatch.setattr(systemd, "SYSTEM_UNITS", tmp_path / "system-units")
     fake_services.machine(system_units=str(tmp_path / "system-units"))
     user.own(user.home)
-    monkeypatch.setenv("HOME", "/root")
+    monkeypatch.setenv("HOME", str(root_home(user)))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     monkeypatch.setenv("SUDO_USER", user.name)
     result = CliRunner().invoke(cli, ["install", "--target", "systemd", "--system"])
