@@ -130,9 +130,17 @@ def wait_until_idle(server: Running) -> None:
     raise RuntimeError(f"connections never drained from {server.url}")
 
 
+# The tests' own build cache (llama-server: minutes to build) stays where the run began with it.
+TESTS_CACHE = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the real user's config or state."""
+    """No test reads or writes the real user's home, config or state."""
+    home = tmp_path / "isolated-home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", TESTS_CACHE)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("MLX_WATCHDOG_CONFIG", raising=False)

@@ -346,9 +346,12 @@ def test_a_server_removed_by_a_reload_while_its_restart_waits_is_left_running_by
     back.touch()  # the memory comes back: the restart starts the server, then stops it
     until(lambda: not cycle.restarting, 30, "the restart to end")
     assert until(lambda: not listening(port), 10, "nothing left listening")
-    mine = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if str(port) in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
-    ]
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE and str(port) in " ".join(p.cmdline())
+        except psutil.Error:
+            return False  # gone, or a zombie its parent has yet to reap
+
+    mine = [p for p in psutil.Process().children(recursive=True) if running(p)]
     assert mine == [], mine
