@@ -7,6 +7,7 @@ import os
 import plistlib
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -355,3 +356,45 @@ def test_a_server_removed_by_a_reload_while_its_restart_waits_is_left_running_by
 
     mine = [p for p in psutil.Process().children(recursive=True) if running(p)]
     assert mine == [], mine
+
+
+def test_a_server_a_killed_watchdog_left_stopped_is_started_at_once_by_the_next(
+    fake_services: FakeServices,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """kill -9 between a two-step restart's stop and its start leaves the unit stopped and the
+    restart unfinished in the history: the next watchdog starts it at its first look, not
+    after startup_grace (ten minutes here)."""
+    from mlx_watchdog.record.store import Store
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    port = free_port()
+    folder = tmp_path / "config" / "systemd" / "user"
+    folder.mkdir(parents=True)
+    argv = " ".join(badserver_argv(port))
+    (folder / "mlx.service").write_text(f"[Service]\nExecStart={argv}\nRestart=always\n")
+    subprocess.run(["systemctl", "--user", "daemon-reload"], check=True)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    store = Store(state / "history.db")
+    store.start_restart("m", time.time() - 5, "wedged")  # stopped, never started
+    store.close()
+    srv = {
+        "name": "m",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "systemd",
+        "unit": "mlx.service",
+        "match": "badserver",
+        "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
+        "restart": {"backoff": "1s"},  # the budget's pause after the predecessor's restart
+    }
+    t = run_daemon(Daemon(parse_config(watchdog_config(state, [srv], interval="300ms"))))
+    until(lambda: listening(port), 30, "the unit started again")
+    store = t.daemon.store
+    until(lambda: [r.outcome for r in store.restarts("m", 0.0)][-1:] == ["recovered"], 30, "cured")
+    restarting = next(e for e in store.events("m") if e.kind == "restarting")
+    assert "was left stopped by a restart begun at" in restarting.message, restarting.message
+    t.stop()
+    subprocess.run(["systemctl", "--user", "stop", "mlx.service"], check=True)

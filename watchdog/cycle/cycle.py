@@ -95,6 +95,7 @@ class Cycle:
         # reload removed the server (its job ends).
         self.new_config: ServerConfig | None = None
         self.retired = False
+        self.left_stopped: str | None = None  # a predecessor's restart never finished
         # A retirement and a restart are one owner's: a reload (the main thread) that removes
         # the server while its job climbs a restart leaves the stop to the climb's end.
         self._owner = threading.Lock()
@@ -188,6 +189,10 @@ class Cycle:
                 f"a restart begun at {time.ctime(r.at)} never "
                 "finished (the watchdog stopped); it counts against the budget",
             )
+            # A predecessor killed between its stop and its start left the server stopped:
+            # found down, it is started at once, not after startup_grace.
+            self.left_stopped = f"was left stopped by a restart begun at {time.ctime(r.at)}"
+
         self.tally = Tally.load(self.store, self.server, now)
 
     def server_started(self) -> None:
@@ -252,7 +257,7 @@ class Cycle:
                     self.least.first_served or now, recover_s=None, how="recovered by itself"
                 )
             return
-        exited = self.manager.exited() if v.state == State.DOWN else None
+        exited = self._exited(v)
         self.streak, trigger = triggers.step(
             self.streak, v.state, self.mono(), self.server.probe, exited=exited is not None
         )
@@ -279,6 +284,16 @@ class Cycle:
                     return
                 reason = f"{reason}; {why}" if why else reason
             self.restart(trigger.value, reason)
+
+    def _exited(self, v: Verdict) -> str | None:
+        """How a down server ended, when that is known at once: the manager saw its process
+        exit, or a predecessor's restart left it stopped (until it answers or is restarted)."""
+        exited = self.manager.exited() if v.state == State.DOWN else None
+        if v.state == State.DOWN and exited is None:
+            exited = self.left_stopped
+        if v.state not in (State.DOWN, State.STARTING):
+            self.left_stopped = None
+        return exited
 
     def _proven_by_traffic(self) -> Verdict | None:
         """A verdict without a probe when the server's own counter proves it serves."""
@@ -546,6 +561,7 @@ class Cycle:
         """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
         still counts it."""
         started = self._restart_began = self.wall()
+        self.left_stopped = None
         if (ended := self.least.restarting(self.mono())) is not None:
             self._record_cure(*ended)
         self.tally.restarts_here.append(self.mono())
