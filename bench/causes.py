@@ -35,6 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.faults import wait  # noqa: E402
 from mlx_watchdog.config import parse_config  # noqa: E402
 from mlx_watchdog.daemon import Daemon  # noqa: E402
 from mlx_watchdog.demo.run import long_prompt, send, server_command  # noqa: E402
@@ -121,7 +122,7 @@ class Case:
             target=lambda: daemon.run(install_signals=False), daemon=True
         )
         self.thread.start()
-        self.wait(lambda: self.state() == "healthy", 120, "the server to serve")
+        wait(lambda: self.state() == "healthy", 120, "the server to serve")
 
     def stop(self) -> None:
         if self.daemon is not None:
@@ -158,14 +159,6 @@ class Case:
                 seen.append(cause)
             time.sleep(0.05)
         return (seen[-1] if seen else str(self.cause() or "none")), None
-
-    @staticmethod
-    def wait(check: Callable[[], object], timeout: float, what: str) -> None:
-        ends = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > ends:
-                raise TimeoutError(f"timed out waiting for {what}")
-            time.sleep(0.05)
 
 
 # -- the faults --------------------------------------------------------------------------------
@@ -311,7 +304,7 @@ def metal_beside_a_token(case: Case) -> tuple[str, float | None, str]:
     assert case.daemon is not None
     cycle = case.daemon.cycles["s"]
     served = cycle.judged_at
-    case.wait(lambda: cycle.judged_at != served and case.state() == "healthy", 10, "a served probe")
+    wait(lambda: cycle.judged_at != served and case.state() == "healthy", 10, "a served probe")
     with case.log.open("a") as fh:
         fh.write("libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded\n")
     (case.folder / "h").touch()
@@ -367,9 +360,7 @@ def client_timeouts(case: Case) -> tuple[str, float | None, str]:
         at = time.monotonic()
         send(case.url, "word " * 8000, timeout=0.3)
         named, seconds = case.named(at, case.expected)
-        case.wait(
-            lambda n=n: len([i for i in store.incidents(0.0) if i.closed_at]) > n, 60, "the cure"
-        )
+        wait(lambda n=n: len([i for i in store.incidents(0.0) if i.closed_at]) > n, 60, "the cure")
     return named, seconds, "stand-in; seconds: the third wedge's"
 
 

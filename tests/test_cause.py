@@ -711,3 +711,35 @@ def test_a_model_that_cannot_be_unloaded_restarts_the_server_saying_why() -> Non
     )
     unloaded = Outcome(True, "unloaded a")
     assert Ladder._replace(Restarts(), None, lambda: unloaded) is unloaded  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "show",
+    [
+        {"body": "not json"},
+        {"body": '{"modelfile": 5}'},
+        {"body": '{"modelfile": "FROM ../../etc/passwd\\nFROM /blobs/none"}'},
+        {"status": 500, "body": "<html>oops</html>", "ctype": "text/html"},
+        {"body": "x" * 2_000_000},
+    ],
+)
+def test_hostile_answers_to_an_unload_fail_it_in_words_and_signal_nothing(
+    bad_server: Callable[..., Running], show: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's /api/generate, /api/ps and /api/show answered badly: the unload fails with
+    why (the ladder then restarts the server), within its bounds, and no process is signalled
+    (the server has no runner child whose command line loads a blob it named)."""
+    import httpx
+
+    from mlx_watchdog.act import unload
+    from mlx_watchdog.act.managers import System
+
+    monkeypatch.setattr(unload, "GONE_WAIT", 0.5)
+    srv = bad_server("ok", kind="ollama")
+    held = {"body": '{"models": [{"name": "bad-model", "model": "bad-model"}]}'}
+    answers = {"/api/show": show, "/api/generate": {"body": "\x00\xff"}, "/api/ps": held}
+    httpx.post(f"{srv.url}/_hostile", json=answers, timeout=5)
+    server = watched(srv.url, kind="ollama")
+    outcome = unload.Unloader(server, "bad-model", srv.proc.pid, System())()
+    assert not outcome.ok and outcome.detail.startswith("bad-model stays loaded and ")
+    assert srv.proc.poll() is None

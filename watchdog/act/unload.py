@@ -75,17 +75,21 @@ class Unloader:
             return Outcome(True, f"unloaded {self.model} (lms unload)", tuple(steps))
         return Outcome(False, f"{self.model} is still loaded after lms unload", tuple(steps))
 
+    def _send(self, path: str, doc: dict[str, object]) -> tuple[int, bytes]:
+        """One JSON POST to the server, within CALL_TIMEOUT and the body cap."""
+        return send(
+            "POST",
+            self.server.url + path,
+            headers={**auth_headers(self.server), "Content-Type": "application/json"},
+            deadline=CALL_TIMEOUT,
+            cap=MAX_BODY,
+            body=json.dumps(doc).encode(),
+            verify=tls(),
+        )
+
     def _post(self, path: str, doc: dict[str, object]) -> str:
         try:
-            status, _ = send(
-                "POST",
-                self.server.url + path,
-                headers={**auth_headers(self.server), "Content-Type": "application/json"},
-                deadline=CALL_TIMEOUT,
-                cap=MAX_BODY,
-                body=json.dumps(doc).encode(),
-                verify=tls(),
-            )
+            status, _ = self._send(path, doc)
         except (httpx.HTTPError, OSError) as exc:
             return f"no answer ({type(exc).__name__})"
         return f"HTTP {status}"
@@ -120,15 +124,7 @@ class Unloader:
 
     def _blobs(self) -> tuple[str, ...]:
         try:
-            status, body = send(
-                "POST",
-                self.server.url + "/api/show",
-                headers={**auth_headers(self.server), "Content-Type": "application/json"},
-                deadline=CALL_TIMEOUT,
-                cap=MAX_BODY,
-                body=json.dumps({"model": self.model}).encode(),
-                verify=tls(),
-            )
+            status, body = self._send("/api/show", {"model": self.model})
             doc = load_json(body) if status == 200 else None
         except (httpx.HTTPError, OSError, BadJson):
             return ()

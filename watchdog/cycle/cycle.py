@@ -517,7 +517,10 @@ class Cycle:
         drain = Drain(self.drain, self.undrain) if drains else None
         begin = functools.partial(self._begin, trigger, reason, pid)
         system, v = ladder.system, None if manual else self.verdict
-        freed = functools.partial(resident, self.manager.pid())
+
+        def freed() -> int:  # asked only under memory pressure: a manager's pid() may run a command
+            return resident(self.manager.pid())
+
         settle = settle_for(v, freed, self.crew.machine, system, self.mono)
         unload = unloader_for(v, self.server, pid, system, self.mono)
         with self._owner:
