@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.process import Inspector, ProcessTable, is_local_host
-from tests.conftest import Running, until
+from tests.conftest import DaemonThread, Running, free_port, until
 
 
 class Clock:
@@ -198,3 +201,60 @@ def test_a_wildcard_listener_serves_the_urls_address_and_an_exact_one_comes_firs
     assert _serves(conn("::ffff:127.0.0.1"), 8080, v4) == 1
     assert _serves(conn("127.0.0.1", 8081), 8080, v4) == 0
     assert _serves(conn("10.1.2.3"), 8080, None) == 1  # unresolvable host: the port decides
+
+
+# The server a process manager starts leaves a child in its own session holding the port, and
+# exits: the manager's stop (its process group) does not reach the child.
+LEAVES_A_CHILD = """
+import os, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+if os.fork() == 0:
+    os.setsid()
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    held = []
+    while True:
+        held.append(s.accept()[0])  # accepted, never answered
+"""
+
+
+def test_a_child_left_holding_the_port_is_named_for_a_person_and_never_signalled(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """The server the process manager started is gone, a child it left in its own session
+    keeps the port and answers nothing: each failing verdict names the holder and the command
+    that ends it; the watchdog, which did not start it, never signals it."""
+    from mlx_watchdog.config import parse_config
+    from mlx_watchdog.daemon import Daemon
+    from tests.builders import watchdog_config
+
+    port, left = free_port(), tmp_path / "child.pid"
+    script = tmp_path / "holdport.py"
+    script.write_text(LEAVES_A_CHILD)
+    server = {
+        "name": "p",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "holdport",
+        "command": [sys.executable, str(script), str(port), str(left)],
+        "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "2s"},
+        "restart": {"max_restarts": 1, "window": "1h", "backoff": "200ms"},
+    }
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    until(left.exists, 30, "the child left")
+    child = int(left.read_text())
+    try:
+        w = t.daemon.cycles["p"]
+        until(lambda: w.verdict is not None and f"PID {child}" in w.verdict.reason, 60, "named")
+        assert w.verdict is not None
+        reason = w.verdict.reason
+        assert f"port {port} is held by PID {child} (" in reason and "holdport" in reason, reason
+        assert f"kill {child}" in reason and "none runs now" in reason, reason
+        t.stop()
+        assert psutil.pid_exists(child) and psutil.Process(child).status() != "zombie"
+    finally:
+        os.kill(child, signal.SIGKILL)

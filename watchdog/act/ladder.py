@@ -176,17 +176,34 @@ class Ladder:
         """Why the token came from another process than the one the manager started (None
         when it is that one, or the manager names none)."""
         ours = manager.pid()
+        if ours is None:
+            return None
+        held = self.stranger(server, ours)
+        if held is None:
+            return None
+        return (
+            f"the token came from PID {held[0]} ({held[1]}), which took the port while the "
+            f"server restarted; the server the manager started is PID {ours}"
+        )
+
+    def stranger(self, server: ServerConfig, ours: int | None) -> tuple[int, str] | None:
+        """The process (PID, command line) that listens on the server's address where the
+        manager's server (`ours`, None: it runs none) does not: a child the server left in
+        its own session, which the manager's stop does not reach, or anything else. None when
+        nothing does, or it is ours or one of its descendants (a wrapper's server)."""
         holder = self.table.listener(server.port, server.host, server.match)
-        if ours is None or holder is None or holder == ours:
+        if holder is None or holder == ours:
             return None
         try:
-            what = " ".join(self.table.process(holder).cmdline())[:160]
+            proc = self.table.process(holder)
+            if ours is not None and any(p.pid == ours for p in proc.parents()):
+                return None
+            what = " ".join(proc.cmdline())[:160]
+        except psutil.NoSuchProcess:
+            return None
         except psutil.Error:
             what = "?"
-        return (
-            f"the token came from PID {holder} ({what}), which took the port while the server "
-            f"restarted; the server the manager started is PID {ours}"
-        )
+        return holder, what
 
     def _wait_drained(self, server: ServerConfig, manager: Manager, checker: Checker) -> None:
         """Wait (bounded) for live clients to finish before a restart."""

@@ -5,6 +5,7 @@ unloaded instead of its server restarted."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from mlx_watchdog.act.managers import System
@@ -18,6 +19,31 @@ from mlx_watchdog.sense.memory import Settle
 from mlx_watchdog.sense.signs import Machine
 
 RENAMABLE = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS, Cause.UNKNOWN)
+OWNING = ("process", "launchd", "systemd")  # managers that start the server's process
+
+
+def port_held(
+    v: Verdict,
+    server: ServerConfig,
+    ours: int | None,
+    stranger: Callable[[ServerConfig, int | None], tuple[int, str] | None],
+) -> Verdict:
+    """A failing server whose address another process holds (a child it left in its own
+    session, out of the manager's reach): its restarts cannot bind, and the watchdog signals
+    only the server it verified, so the reason names the holder for a person to end."""
+    if v.state not in BAD_STATES or server.manager not in OWNING:
+        return v
+    held = stranger(server, ours)
+    if held is None:
+        return v
+    pid, what = held
+    running = f"PID {ours}" if ours is not None else "none runs now"
+    return replace(
+        v,
+        reason=f"{v.reason}; port {server.port} is held by PID {pid} ({what}), not by the "
+        f"server {server.manager} started ({running}): end it yourself (kill {pid}), the "
+        "watchdog signals only its server",
+    )
 
 
 def named_throttled(

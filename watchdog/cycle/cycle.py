@@ -20,7 +20,7 @@ from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
-from mlx_watchdog.cycle.cures import named_throttled, settle_for, unloader_for
+from mlx_watchdog.cycle.cures import named_throttled, port_held, settle_for, unloader_for
 from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
@@ -217,13 +217,15 @@ class Cycle:
                 with self._asks:
                     self._carrying = None
         self._notice_jump(interval)
-        v = self._proven_by_traffic() if self.checker.probe is None else None
+        v, pid = self._proven_by_traffic() if self.checker.probe is None else None, None
         if v is None:
             if self.checker.probe is None:
                 # Most probes end in milliseconds; judge those in this tick.
                 self.checker.start().wait(min(self.server.probe.slow_after, interval / 2))
-            v = self.checker.judge(self.manager.pid(), fresh_since=self.sight.fresh_since)
+            pid = self.manager.pid()
+            v = self.checker.judge(pid, fresh_since=self.sight.fresh_since)
         if v is not None:
+            v = port_held(v, self.server, pid, self.crew.ladder.stranger)
             self.sight.verdict_mono = self.mono()
             now = self.wall()
             self.store.record_probe(
