@@ -114,6 +114,27 @@ def test_every_public_class_says_what_it_owns() -> None:
     assert not missing, missing
 
 
+def test_no_name_is_bound_twice_at_a_modules_top() -> None:
+    """A constant, function or class bound twice at a module's top: the second wins, and an
+    edit of the first does nothing (record/db.py carried four such constants)."""
+    import ast
+    import collections
+
+    twice = []
+    for path in sorted((ROOT / "watchdog").rglob("*.py")):
+        names: list[str] = []
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.append(node.target.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+        counted = collections.Counter(names)
+        twice += [f"{path.relative_to(ROOT)} {n}" for n, k in counted.items() if k > 1]
+    assert not twice, twice
+
+
 MODULE_LINES = 700  # a module longer than this has a seam to split at; functions: ruff's limits
 
 

@@ -87,16 +87,6 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
 ]
 
-HISTORY_FILE = "history.db"
-PROBES_KEPT = 20_000  # per server; a week of probes every 30 s
-PRUNE_EVERY = 500  # probes of one server between two prunings of its rows
-BUSY_TIMEOUT = 2.0  # seconds a write waits for another process's lock before it is skipped
-BEHIND_BUSY = 0.1  # writing behind: one attempt's wait, so a reader never waits long for it
-RETRY_LOCKED = 0.5  # between two attempts of a write another process's lock keeps out
-QUEUE_MAX = 10_000  # writes waiting; past this the newest are lost, and that is reported
-FLUSH_TIMEOUT = 5.0  # at close, for the queued writes
-OPEN_WAIT = 10.0  # the daemon's wait at start for another process's lock
-
 
 class Later(Exception):
     """Another process holds the database's lock, or the disk is full: try again later."""
