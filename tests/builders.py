@@ -153,3 +153,47 @@ def toml(data: dict[str, object]) -> str:
     from mlx_watchdog.config import to_toml
 
     return to_toml(data)
+
+
+# A history's every column edited by hand: what each holds where a person or a tool wrote it.
+BAD_VALUES = ("text", b"\x00\xff\xfe", -1e308, 2**62)
+EDITED = {
+    "probes": ("at", "state", "reason", "ttft_s", "waited_s", "evidence"),
+    "incidents": (
+        "opened_at",
+        "closed_at",
+        "began_at",
+        "state",
+        "reason",
+        "evidence",
+        "actions",
+        "outage_s",
+        "recover_s",
+        "outcome",
+        "advice",
+    ),
+    "events": ("at", "kind", "message", "data"),
+    "restarts": ("at", "trigger", "finished_at", "outcome", "served_s"),
+    "calibrations": ("at", "doc"),
+    "dumps": ("at", "doc", "incident"),
+    "holds": ("since", "reason"),
+}
+
+
+def a_history(db: Path, server: str, now: float) -> None:
+    """A history with a row of every kind, several of each, to edit."""
+    from mlx_watchdog.record.store import Store
+
+    store = Store(db)
+    for n in range(len(BAD_VALUES) + 1):
+        at = now - 600 + n
+        store.record_probe(server, at, "healthy", "first token in 10 ms", {"ttft_s": 0.01})
+        ref = store.open_incident(server, at, "wedged", "wedged: no token", {"cause": "deadlock"})
+        store.add_action(ref, {"at": at, "action": "restart (command)", "outcome": "recovered"})
+        store.close_incident(ref, at + 5, "restarted", 3.0)
+        store.add_event(server, at, "detected", "wedged", {"cause": "deadlock"})
+        store.finish_restart(store.start_restart(server, at, "wedged"), at + 3, "recovered", 3.0)
+        store.save_calibration(server, at, {"fit": {"a": 0, "b": 0.001, "c": 0}})
+        store.add_dump(server, ref, at, {"stack": "x", "kind": "mlx_lm"})
+    store.hold(server, now - 60, "3 restarts did not help")
+    store.close()

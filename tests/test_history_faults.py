@@ -16,7 +16,7 @@ import pytest
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.record.store import Store
-from tests.builders import QUICK_TOML, command_config
+from tests.builders import BAD_VALUES, EDITED, QUICK_TOML, a_history, command_config
 from tests.conftest import BadByPidfile, DaemonThread, mlx_watchdog, until
 
 HOLD = 6.0  # seconds the other process keeps the database locked
@@ -207,47 +207,6 @@ def test_text_where_the_history_holds_numbers_is_left_unread(
         assert t.daemon.status()["servers"][0]["state"] == "healthy"
     finally:
         ok.kill()
-
-
-BAD_VALUES = ("text", b"\x00\xff\xfe", -1e308, 2**62)
-EDITED = {
-    "probes": ("at", "state", "reason", "ttft_s", "waited_s", "evidence"),
-    "incidents": (
-        "opened_at",
-        "closed_at",
-        "began_at",
-        "state",
-        "reason",
-        "evidence",
-        "actions",
-        "outage_s",
-        "recover_s",
-        "outcome",
-        "advice",
-    ),
-    "events": ("at", "kind", "message", "data"),
-    "restarts": ("at", "trigger", "finished_at", "outcome", "served_s"),
-    "calibrations": ("at", "doc"),
-    "dumps": ("at", "doc", "incident"),
-    "holds": ("since", "reason"),
-}
-
-
-def a_history(db: Path, server: str, now: float) -> None:
-    """A history with a row of every kind, several of each, to edit."""
-    store = Store(db)
-    for n in range(len(BAD_VALUES) + 1):
-        at = now - 600 + n
-        store.record_probe(server, at, "healthy", "first token in 10 ms", {"ttft_s": 0.01})
-        ref = store.open_incident(server, at, "wedged", "wedged: no token", {"cause": "deadlock"})
-        store.add_action(ref, {"at": at, "action": "restart (command)", "outcome": "recovered"})
-        store.close_incident(ref, at + 5, "restarted", 3.0)
-        store.add_event(server, at, "detected", "wedged", {"cause": "deadlock"})
-        store.finish_restart(store.start_restart(server, at, "wedged"), at + 3, "recovered", 3.0)
-        store.save_calibration(server, at, {"fit": {"a": 0, "b": 0.001, "c": 0}})
-        store.add_dump(server, ref, at, {"stack": "x", "kind": "mlx_lm"})
-    store.hold(server, now - 60, "3 restarts did not help")
-    store.close()
 
 
 @pytest.mark.parametrize("table", sorted(EDITED))
