@@ -178,6 +178,26 @@ def test_status_without_a_daemon_says_so_and_exits_3() -> None:
     assert doc["watchdog"]["running"] is False and doc["servers"][0]["state"] == "unknown"
 
 
+STATUS_IMPORTS = """
+import sys
+from mlx_watchdog.cli import cli
+try:
+    cli(["status", "--json"])
+except SystemExit:
+    pass
+heavy = ("httpx", "mlx_watchdog.cycle", "mlx_watchdog.daemon", "mlx_watchdog.sense.probe")
+print(" ".join(m for m in heavy if m in sys.modules), file=sys.stderr)
+"""
+
+
+def test_status_without_a_daemon_does_not_import_the_daemons_stack() -> None:
+    """`status` reads a file and the history: the HTTP client, the cycle and the daemon (0.4 s
+    of imports, 14x the bare interpreter) are not what it needs (bench/startup.py times it)."""
+    done = subprocess.run([sys.executable, "-c", STATUS_IMPORTS], capture_output=True, text=True)
+    assert '"running": false' in done.stdout, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1:] in ([], [""]), done.stderr
+
+
 def test_history_without_a_database_has_no_incidents() -> None:
     result = CliRunner().invoke(cli, ["history", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout) == []

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.config.profiles import KINDS, PROFILES
-from mlx_watchdog.sense.bounded import MAX_DEPTH, BadJson, finite_count, load_json
 from mlx_watchdog.sense.findings import ProbeFinding
 from mlx_watchdog.sense.load import LoadReader, parse_prometheus, read_report
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import Probe
+from mlx_watchdog.sense.text import MAX_DEPTH, BadJson, finite_count, load_json
 from tests.conftest import mlx_watchdog
 
 PROBE = ProbeSettings(slow_after=0.5, wedge_after=1.0, hard_timeout=5.0, models_timeout=2.0)

@@ -30,8 +30,9 @@ from typing import Any
 import httpx
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.bounded import BadJson, Overdue, load_json, send
+from mlx_watchdog.sense.bounded import Overdue, send
 from mlx_watchdog.sense.request import auth_headers, tls
+from mlx_watchdog.sense.text import BadJson, load_json
 
 CANCEL_TIMEOUT = 5.0  # seconds for each call
 CANCEL_BUDGET = 10.0  # seconds for all the calls of one cancel: it runs inside a tick

@@ -23,9 +23,10 @@ import psutil
 
 from mlx_watchdog.act.managers import Outcome, System
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.bounded import BadJson, load_json, send
+from mlx_watchdog.sense.bounded import send
 from mlx_watchdog.sense.models import models_in_memory
 from mlx_watchdog.sense.request import MAX_BODY, auth_headers, tls
+from mlx_watchdog.sense.text import BadJson, load_json
 
 CALL_TIMEOUT = 5.0
 GONE_WAIT = 5.0  # for the model to leave the in-memory list

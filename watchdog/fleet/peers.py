@@ -62,7 +62,8 @@ def fetch_status(
     The token goes only over https or loopback, unless `token_in_clear`."""
     import httpx
 
-    from mlx_watchdog.sense.bounded import BadJson, get, load_json
+    from mlx_watchdog.sense.bounded import get
+    from mlx_watchdog.sense.text import BadJson, load_json
 
     headers = {"Accept": "application/json"}
     withheld = bool(token) and in_clear(url) and not token_in_clear

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlx_watchdog.sense.bounded import BadJson, load_json
 from mlx_watchdog.sense.findings import OK, ProbeFinding
-from mlx_watchdog.sense.text import printable
+from mlx_watchdog.sense.text import BadJson, load_json, printable
 
 Changes = dict[str, Any]
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import json
-import math
 import socket
 import threading
 import time
@@ -22,7 +20,6 @@ from typing import Any
 import httpx
 
 from mlx_watchdog.sense.findings import Address
-from mlx_watchdog.sense.text import mended, whole
 
 
 class Overdue(httpx.TimeoutException):
@@ -31,10 +28,6 @@ class Overdue(httpx.TimeoutException):
 
 class TooLarge(httpx.HTTPError):
     """The answer is larger than its cap."""
-
-
-class BadJson(ValueError):
-    """A body that is not JSON the watchdog accepts; the message says why."""
 
 
 class _Timers:
@@ -214,76 +207,3 @@ def send(
             if cutoff.fired and not isinstance(exc, (TooLarge, Overdue)):
                 raise Overdue(f"the answer took longer than {deadline:g}s") from exc
             raise
-
-
-MAX_DEPTH = 64  # no answer the watchdog reads nests deeper than a few levels
-
-
-def load_json(body: bytes | str) -> object:
-    """JSON as the watchdog accepts it: finite numbers only (no NaN, Infinity or 1e400),
-    nesting at most MAX_DEPTH deep, every string whole (a lone surrogate becomes U+FFFD).
-    Raises BadJson, never anything else."""
-    try:
-        text = body.decode("utf-8") if isinstance(body, bytes) else whole(body)
-    except UnicodeDecodeError:
-        raise BadJson("not UTF-8") from None
-
-    def constant(name: str) -> float:
-        raise BadJson(f"{name} is not a number JSON allows")
-
-    def finite(literal: str) -> float:
-        value = float(literal)
-        if not math.isfinite(value):
-            raise BadJson(f"{literal[:40]} is out of range")
-        return value
-
-    if _depth(text) > MAX_DEPTH:
-        raise BadJson(f"nested deeper than {MAX_DEPTH} levels")
-    try:
-        doc = json.loads(text, parse_constant=constant, parse_float=finite)
-    except BadJson:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise BadJson(str(exc)[:120] or type(exc).__name__) from None
-    # Only a \u escape can make a lone surrogate: the walk is skipped for nearly every answer.
-    return mended(doc) if "\\u" in text else doc
-
-
-def _depth(text: str) -> int:
-    """The deepest bracket nesting, strings skipped: checked before parsing, so a million
-    brackets cost one pass instead of a RecursionError deep in the parser."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                return deepest
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def finite_count(value: object, limit: float = 1e9) -> float | None:
-    """A number that can count requests or steps: finite, not negative, not absurd."""
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    if not math.isfinite(number) or number < 0 or number > limit:
-        return None
-    return number

@@ -16,10 +16,11 @@ import httpx
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import LoadRoute
-from mlx_watchdog.sense.bounded import BadJson, TooLarge, finite_count, get, load_json
+from mlx_watchdog.sense.bounded import TooLarge, get
 from mlx_watchdog.sense.findings import REPORT_TIMEOUT, Address, LoadReport
 from mlx_watchdog.sense.own_connections import OwnConnections
 from mlx_watchdog.sense.request import auth_headers, tls
+from mlx_watchdog.sense.text import BadJson, finite_count, load_json
 
 MAX_REPORT = 1 << 20
 

@@ -11,10 +11,10 @@ import httpx
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import InMemory
 from mlx_watchdog.sense.answer import excerpt
-from mlx_watchdog.sense.bounded import BadJson, TooLarge, get, load_json
+from mlx_watchdog.sense.bounded import TooLarge, get
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX, Clock, ModelsCheck
 from mlx_watchdog.sense.request import MAX_BODY, auth_headers, refused, tls
-from mlx_watchdog.sense.text import REPLACEMENT
+from mlx_watchdog.sense.text import REPLACEMENT, BadJson, load_json
 
 EMPTY_BODY = (
     f"200 with an empty body (a missing Hugging Face cache folder does this): {EMPTY_MODELS_FIX}"

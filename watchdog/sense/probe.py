@@ -20,7 +20,7 @@ import httpx
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.answer import classify_error, json_answer, stream_event
-from mlx_watchdog.sense.bounded import BadJson, Cutoff, load_json, read_capped
+from mlx_watchdog.sense.bounded import Cutoff, read_capped
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
@@ -40,7 +40,7 @@ from mlx_watchdog.sense.request import (
     refused,
     tls,
 )
-from mlx_watchdog.sense.text import printable
+from mlx_watchdog.sense.text import BadJson, load_json, printable
 
 log = logging.getLogger("mlx_watchdog")
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
 from mlx_watchdog.record.private import UnsafeState, read_private
-from mlx_watchdog.sense.bounded import BadJson, load_json
+from mlx_watchdog.sense.text import BadJson, load_json
 
 TIMEOUT = 5.0  # seconds for a whole answer
 MAX_ANSWER = 8 << 20  # a status document of many servers is some kB

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.cycle import Cycle
 from mlx_watchdog.judge.budget import allowance
-from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN, UNKNOWN_EXIT
 from mlx_watchdog.record.store import Ref, Store, row_id
 from mlx_watchdog.record.tally import DAY, Figures, Tally
+
+if TYPE_CHECKING:
+    from mlx_watchdog.cycle import Cycle
+    from mlx_watchdog.judge.clearing import Clearing
 
 
 def describe(

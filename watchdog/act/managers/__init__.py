@@ -22,8 +22,8 @@ from typing import IO, Protocol
 import psutil
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense.bounded import BadJson, load_json
 from mlx_watchdog.sense.process import ProcessTable
+from mlx_watchdog.sense.text import BadJson, load_json
 
 
 class ManagerError(Exception):
