@@ -19,6 +19,7 @@ answers, the misbehaving server and the rule stay this tree's): that table's "be
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import subprocess
 import sys
@@ -69,6 +70,19 @@ READERS = (
 )
 
 
+class Failures(logging.Handler):
+    """What the daemon logged failing with a traceback: a tick that raised is a reader that
+    failed, though the daemon goes on probing."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.seen.append(f"{record.getMessage()}: {record.exc_info[1]!r}"[:300])
+
+
 def read_edited(folder: Path, table: str, column: str, value: object) -> str:
     """One history with `column` of one `table` row set to `value`; what failed reading it
     ("" when nothing did)."""
@@ -97,6 +111,8 @@ def read_edited(folder: Path, table: str, column: str, value: object) -> str:
         daemon = Daemon(load_config(cfg), config_path=cfg)
     except Exception as exc:  # the finding: what `run` would exit with
         return f"run: {type(exc).__name__}: {exc}"
+    failed = Failures()
+    logging.getLogger().addHandler(failed)
     loop = threading.Thread(target=lambda: daemon.run(install_signals=False), daemon=True)
     loop.start()
     try:
@@ -119,6 +135,9 @@ def read_edited(folder: Path, table: str, column: str, value: object) -> str:
     finally:
         daemon.stop()
         loop.join(60)
+        logging.getLogger().removeHandler(failed)
+    if failed.seen:
+        return f"a tick: {failed.seen[0]}"
     runner = CliRunner()
     for args in READERS:
         done = runner.invoke(cli, [*args, "--config", str(cfg)])
@@ -129,9 +148,7 @@ def read_edited(folder: Path, table: str, column: str, value: object) -> str:
 
 def edited_histories(every: int) -> int:
     """The hand-edited history's table; 0 when every edit was read."""
-    import logging
-
-    logging.disable(logging.CRITICAL)
+    logging.getLogger().handlers[:] = [logging.NullHandler()]  # findings are the table's
     edits = [
         (t, c, v) for t, columns in sorted(EDITED.items()) for c in columns for v in BAD_VALUES
     ]

@@ -270,3 +270,31 @@ def test_every_phase_is_reachable_and_left_and_illegal_moves_are_refused(tmp_pat
         assert w.restarting and [e.kind for e in daemon.store.events()] == ["restarting"]
     finally:
         daemon.store.close()
+
+
+def test_a_hold_without_an_open_incident_opens_one_and_stays_held(tmp_path: Path) -> None:
+    """A history with a hold and no incident open (a person's restart that did not cure, a
+    history written in part): the server found down opens its incident, still held; the tick
+    raised at each probe before and no incident was ever opened."""
+    from mlx_watchdog.cycle import Phase
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    store = Store(state / "history.db")
+    store.hold("s", time.time() - 60, "3 restarts did not help")
+    store.close()
+    raw = {
+        "watchdog": {"state_dir": str(state)},
+        "server": [{"name": "s", "url": f"http://127.0.0.1:{free_port()}"}],
+    }
+    daemon = Daemon(parse_config(raw))
+    try:
+        w = daemon.cycles["s"]
+        assert w.phase is Phase.HELD and w.incident is None
+        v = daemon.tick("s")
+        assert v is not None and v.state == "down"
+        assert w.phase is Phase.HELD and w.incident is not None and w.needs_person
+        daemon.store.flush(5.0)
+        assert [e.kind for e in daemon.store.events("s")] == ["detected"]
+    finally:
+        daemon.store.close()

@@ -451,9 +451,9 @@ class Cycle:
         )
         advice = self._advise(v)
         message = f"{v.reason}. {advice}" if advice else v.reason
-        self.transition(
-            Phase.FAILING, EventKind.DETECTED, message, advice=advice, **v.evidence.brief()
-        )
+        held = self.phase is Phase.HELD  # held before this incident: it stays held
+        to = Phase.HELD if held else Phase.FAILING
+        self.transition(to, EventKind.DETECTED, message, advice=advice, **v.evidence.brief())
 
     def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
         advice = None

@@ -44,6 +44,9 @@ TRANSITIONS: dict[tuple[Phase, Phase], frozenset[EventKind | None]] = {
     # A token without a restart: it recovered by itself, which also ends a hold.
     (Phase.FAILING, Phase.NORMAL): frozenset({EventKind.RECOVERED}),
     (Phase.HELD, Phase.NORMAL): frozenset({EventKind.RECOVERED, None}),
+    # A hold outlives its incident (a person's restart that did not cure, a history written in
+    # part): a failure then opens one, and the server stays held.
+    (Phase.HELD, Phase.HELD): frozenset({EventKind.DETECTED}),
 }
 
 

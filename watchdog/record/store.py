@@ -17,6 +17,7 @@ from typing import Any
 from mlx_watchdog.record.behind import Behind
 from mlx_watchdog.record.db import Database
 from mlx_watchdog.record.rows import (
+    LATEST,
     EventRecord,
     Incident,
     ProbeRecord,
@@ -191,7 +192,11 @@ class Store:
             "SELECT at, state, ttft_s FROM probes WHERE server = ? AND at >= ? ORDER BY at",
             (server, since),
         )
-        return [(float(r[0]), str(r[1]), None if r[2] is None else float(r[2])) for r in rows]
+        return [
+            (float(r[0]), str(r[1]), None if r[2] is None else float(r[2]))
+            for r in rows
+            if not isinstance(r[0], (int, float)) or r[0] <= LATEST  # no clock shows it
+        ]
 
     def last_probe(self, server: str) -> ProbeRecord | None:
         rows = self._rows(

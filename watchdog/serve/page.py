@@ -418,7 +418,10 @@ def _cut(text: str) -> str:
 
 
 def _clock(at: float, seconds: bool = True) -> str:
-    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(at))
+    try:
+        return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(at))
+    except (OverflowError, OSError, ValueError):  # a time no clock shows: a hand-edited row
+        return "?"
 
 
 def _ago(seconds: float) -> str:
