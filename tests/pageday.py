@@ -4,10 +4,11 @@ draw and then count on the page (tests/test_page.py, tests/test_page_browser.py)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind
+from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.record.tally import Figures
 from mlx_watchdog.serve.day import Days
@@ -95,7 +96,7 @@ CALIBRATION: dict[str, Any] = {
 }
 
 
-def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> dict[str, Any]:
+def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> Status:
     """A status document with one server per state, as the daemon builds it."""
     servers = []
     for state in states:
@@ -121,26 +122,33 @@ def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> dict[str, 
                 since=now - 600,
             )
         )
-    watchdog = {"pid": 1, "version": "test", "interval_s": 30.0, "history_problem": None}
-    return {"watchdog": watchdog, "servers": servers}
+    watchdog = WatchdogLine(pid=1, version="test", interval_s=30.0, running=True)
+    return Status(watchdog, tuple(servers))
+
+
+def changed(doc: Status, i: int, **fields: Any) -> Status:
+    """`doc` with its `i`-th server's fields changed."""
+    servers = list(doc.servers)
+    servers[i] = replace(servers[i], **fields)
+    return replace(doc, servers=tuple(servers))
 
 
 class PageBackend:
     """What the daemon gives the endpoint, from a status document and a history."""
 
-    def __init__(self, store: Store, doc: dict[str, object], reload_s: int = 10) -> None:
+    def __init__(self, store: Store, doc: Status, reload_s: int = 10) -> None:
         self.doc, self.days = doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic)
         self.reload_s = reload_s
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> Status:
         return self.doc
 
     def prometheus(self) -> tuple[bytes, str]:
         return b"", "text/plain"
 
     def page(self) -> str:
-        names = [s["name"] for s in self.doc["servers"]]  # type: ignore[attr-defined]
-        return render(self.doc, self.days.of(names), NOW, self.reload_s)  # type: ignore[arg-type]
+        names = [s.name for s in self.doc.servers]
+        return render(self.doc, self.days.of(names), NOW, self.reload_s)
 
     def act(self, name: str, action: str) -> str:
         raise KeyError(name)

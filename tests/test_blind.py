@@ -99,12 +99,12 @@ def test_a_failing_tick_is_blindness_said_once_and_ended_by_a_fresh_verdict(
             mono.now += limit / 2
             daemon._job("bad")  # fails, and must not raise: the job goes on
             daemon.look_at_sight()
-        doc = daemon.status()["servers"][0]
-        assert doc["state"] == "unknown" and doc["blind"] and not doc["serving"]
-        assert doc["verdict_age_s"] == pytest.approx(3 * limit / 2, abs=0.2)
-        assert doc["exit_code"] == 3
-        assert doc["reason"].startswith("no fresh verdict (watchdog blind for ")
-        assert "RuntimeError: a fault no one foresaw" in doc["reason"]
+        doc = daemon.status().servers[0]
+        assert doc.state == "unknown" and doc.blind and not doc.serving
+        assert doc.verdict_age_s == pytest.approx(3 * limit / 2, abs=0.2)
+        assert doc.exit_code == 3
+        assert doc.reason.startswith("no fresh verdict (watchdog blind for ")
+        assert "RuntimeError: a fault no one foresaw" in doc.reason
         health = httpx.get(url + "/healthz")
         assert health.status_code == 503 and "no fresh verdict" in health.text
         metrics = httpx.get(url + "/metrics").text
@@ -118,8 +118,8 @@ def test_a_failing_tick_is_blindness_said_once_and_ended_by_a_fresh_verdict(
         daemon._job("bad")
         daemon.look_at_sight()
         daemon.alerter.flush()
-        doc = daemon.status()["servers"][0]
-        assert (doc["state"], doc["blind"], doc["serving"]) == ("healthy", False, True)
+        doc = daemon.status().servers[0]
+        assert (doc.state, doc.blind, doc.serving) == ("healthy", False, True)
         assert httpx.get(url + "/healthz").status_code == 200
         titles = [t for t, _ in sent]
         assert titles == ["the watchdog cannot see bad", "the watchdog sees bad again"]
@@ -163,8 +163,8 @@ def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(
     for _ in range(4):
         mono.now += 20.0
         daemon._job("bad")
-    doc = daemon.status()["servers"][0]
-    assert doc["state"] == "unknown" and "cannot read api_key_file" in doc["reason"]
+    doc = daemon.status().servers[0]
+    assert doc.state == "unknown" and "cannot read api_key_file" in doc.reason
     assert daemon.store.restarts("bad", 0.0) == []
     # Said once, in words: the watchdog's own setting, no traceback to read.
     said = [r for r in caplog.records if "cannot be probed" in r.getMessage()]

@@ -23,6 +23,7 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.cause import Cause, Facts, budget_spent, diagnose, recurring
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.sense.memory import MemoryWatch
 from mlx_watchdog.sense.signs import LogError, Machine, Signs, StackSample, ThreadStack, log_error
 from mlx_watchdog.sense.stack import Stacker, parse_py_spy
@@ -410,7 +411,7 @@ def test_incidents_are_counted_by_cause() -> None:
     """A fleet counts causes: the detected event's cause is the metric's label."""
     from mlx_watchdog.record.metrics import Metrics
 
-    metrics = Metrics(lambda: {"watchdog": {}, "servers": []})  # type: ignore[arg-type,return-value]
+    metrics = Metrics(lambda: Status(WatchdogLine()))
     metrics.event("s", "detected", {"cause": "deadlock"})
     metrics.event("s", "detected", {"cause": "deadlock"})
     metrics.event("s", "detected", {})
@@ -602,7 +603,7 @@ def test_a_throttled_prefill_is_named_with_the_key_to_set(
     assert "nice 15" in because
     from mlx_watchdog.serve.page import _notes
 
-    page = " ".join(_notes(t.daemon.status()["servers"][0]))
+    page = " ".join(_notes(t.daemon.status().servers[0]))
     assert "Cause: the system throttles the server" in page and "ProcessType" in page, page
 
 

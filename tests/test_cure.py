@@ -21,6 +21,7 @@ from mlx_watchdog.cli.ops import _status_view
 from mlx_watchdog.config import effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import send
+from mlx_watchdog.record.document import Status
 from mlx_watchdog.serve.status import of_cycle
 from tests.builders import badserver_argv, restarts_took, watchdog_config
 from tests.conftest import DaemonThread, free_port, mlx_watchdog, until
@@ -63,17 +64,15 @@ def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
     w = t.daemon.cycles["owned"]
     pid = w.manager.pid()
     assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
-    doc = until(
-        lambda: (d := t.daemon.status())["servers"][0]["clearing"] and d, 30, "a wait shown"
-    )
-    assert isinstance(doc, dict)
-    waiting = doc["servers"][0]["clearing"]
-    assert waiting["prefill_total"] > 9000
-    assert 0 <= waiting["waited_s"] < waiting["waited_s"] + waiting["restart_in_s"] <= 30
-    assert doc["servers"][0]["restart_cost_s"] == 30.0
+    doc = until(lambda: (d := t.daemon.status()).servers[0].clearing and d, 30, "a wait shown")
+    assert isinstance(doc, Status)
+    waiting = doc.servers[0].clearing
+    assert waiting is not None and (waiting.prefill_total or 0) > 9000
+    assert 0 <= waiting.waited_s < waiting.waited_s + waiting.restart_in_s <= 30
+    assert doc.servers[0].restart_cost_s == 30.0
     shown_now = Console(record=True, width=120)
     shown_now.print(_status_view(doc))
-    assert "clearing: waiting " in shown_now.export_text()
+    assert "Waiting: " in shown_now.export_text()
     until(lambda: "recovered" in kinds(t), 30, "the server to serve after the prefill")
     assert kinds(t) == ["detected", "clearing", "recovered"]
     assert t.daemon.store.restarts("owned", time.time() - 3600) == [] and w.manager.pid() == pid

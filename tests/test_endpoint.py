@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.record.document import Status, WatchdogLine
 from tests.builders import QUICK_TOML, badserver_argv, command_config, toml, watchdog_config
 from tests.conftest import (
     BadByPidfile,
@@ -543,8 +544,8 @@ def test_a_persons_restart_never_repeats_the_watchdogs_and_reports_how_it_ended(
 class BigMetrics:
     """A backend whose /metrics takes a while to send (2 MB): a client can leave mid-answer."""
 
-    def status(self) -> dict[str, object]:
-        return {"watchdog": {}, "servers": []}
+    def status(self) -> Status:
+        return Status(WatchdogLine())
 
     def prometheus(self) -> tuple[bytes, str]:
         return b"# a long exposition\n" * 100_000, "text/plain"

@@ -204,7 +204,7 @@ def test_text_where_the_history_holds_numbers_is_left_unread(
         port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=20)
         assert page.status_code == 200 and "history unreadable" in page.text
-        assert t.daemon.status()["servers"][0]["state"] == "healthy"
+        assert t.daemon.status().servers[0].state == "healthy"
     finally:
         ok.kill()
 

@@ -200,7 +200,7 @@ def test_a_locked_history_during_a_wedge_announces_it_once_and_closes_it(
         time.sleep(1.0)  # a few more ticks: nothing is announced again
         assert kinds.count("detected") == 1 and kinds.count("recovered") == 1, kinds
         assert daemon.store.problem is not None and "locked" in daemon.store.problem
-        assert daemon.status()["watchdog"]["history_problem"] == daemon.store.problem
+        assert daemon.status().watchdog.history_problem == daemon.store.problem
         assert b"mlx_watchdog_history_in_memory 1.0" in daemon.prometheus()[0]
     finally:
         other.execute("ROLLBACK")

@@ -25,6 +25,7 @@ from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import STATES, State
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.document import Waiting
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.record.tally import DAY
 from mlx_watchdog.serve.day import (
@@ -42,7 +43,7 @@ from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import CSP, render
 from tests.builders import toml, watchdog_config
 from tests.conftest import DaemonThread, Running, mlx_watchdog, until
-from tests.pageday import NOW, STEP, PageBackend, a_day, status_doc
+from tests.pageday import NOW, STEP, PageBackend, a_day, changed, status_doc
 
 
 def test_a_day_reads_back_as_written() -> None:
@@ -83,8 +84,7 @@ def test_hostile_text_is_escaped_and_the_style_is_the_one_the_policy_allows() ->
     hostile = '<script>alert(1)</script><img src="http://example.com/x">'
     a_day(store, "srv-healthy", NOW, hostile=hostile)
     doc = status_doc(NOW, ("healthy", "wedged"))
-    doc["servers"][0]["reason"] = hostile  # type: ignore[index]
-    doc["servers"][0]["needs_person"] = hostile  # type: ignore[index]
+    doc = changed(doc, 0, reason=hostile, needs_person=hostile)
     html = render(
         doc, Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-healthy"]), NOW, 10
     )
@@ -104,7 +104,7 @@ def test_a_history_value_of_the_wrong_type_is_said_on_the_page() -> None:
     days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["x"])
     assert days["x"].problem is not None and "history unreadable" in days["x"].problem
     doc = status_doc(NOW, ("healthy",))
-    doc["servers"][0]["name"] = "x"  # type: ignore[index]
+    doc = changed(doc, 0, name="x")
     assert "history unreadable" in render(doc, days, NOW, 10)
 
 
@@ -415,36 +415,32 @@ def test_the_page_says_where_progress_is_read_and_which_cure_is_under_way() -> N
     store = Store(None)
     days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged", "srv-busy"])
     doc = status_doc(NOW, ("wedged", "busy"))
-    wedged, busy = doc["servers"]  # type: ignore[misc]
-    wedged["progress_problem"] = "no log of this server is read <so> every wedge will be restarted"
-    wedged["clearing"] = {
-        "waited_s": 2.0,
-        "restart_in_s": 13.0,
-        "prefill_total": 0,
-        "cure": "cancel",
-    }
-    busy["server_prefill"] = "prefilling 2,048/12,036 prompt tokens"
-    busy["clearing"] = {
-        "waited_s": 1.0,
-        "restart_in_s": 9.0,
-        "prefill_total": 12036,
-        "cure": "wait",
-    }
+    doc = changed(
+        doc,
+        0,
+        progress_problem="no log of this server is read <so> every wedge will be restarted",
+        clearing=Waiting(waited_s=2.0, restart_in_s=13.0, prefill_total=0, cure="cancel"),
+    )
+    doc = changed(
+        doc,
+        1,
+        server_prefill="prefilling 2,048/12,036 prompt tokens",
+        clearing=Waiting(waited_s=1.0, restart_in_s=9.0, prefill_total=12036, cure="wait"),
+    )
     html = render(doc, days, NOW, 10)
     assert "Prefill progress: no log of this server is read &lt;so&gt; every wedge" in html
-    assert "Waiting 2 s after cancelling the abandoned requests instead of restarting" in html
+    assert "Waiting: 2 s after cancelling the abandoned requests instead of restarting" in html
     assert "Its log: prefilling 2,048/12,036 prompt tokens" in html
-    assert "Waiting 1 s for an abandoned prefill to finish instead of restarting" in html
+    assert "Waiting: 1 s for an abandoned prefill to finish instead of restarting" in html
 
 
 def test_the_page_names_the_cause_and_the_next_step() -> None:
     store = Store(None)
     days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged", "srv-busy"])
     doc = status_doc(NOW, ("wedged", "busy"))
-    wedged, busy = doc["servers"]  # type: ignore[misc]
-    wedged["cause"] = "generation_thread_gone"
-    wedged["cause_because"] = "its log: generation thread died: <b>list</b>"
-    busy["cause"] = "not-a-cause"  # a status document from another version: nothing named
+    because = "its log: generation thread died: <b>list</b>"
+    doc = changed(doc, 0, cause="generation_thread_gone", cause_because=because)
+    doc = changed(doc, 1, cause="not-a-cause")  # a status document from another version
     html = render(doc, days, NOW, 10)
     assert (
         "Cause: the generation thread is gone (its log: generation thread died: "
@@ -475,15 +471,17 @@ def test_the_page_shows_where_the_server_is_and_what_to_do_when_held() -> None:
     a_day(store, "srv-wedged", NOW)
     days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged"])
     doc = status_doc(NOW, ("wedged",))
-    s = doc["servers"][0]  # type: ignore[index]
-    s.update(
+    doc = changed(
+        doc,
+        0,
         pid=4242,
         rss_bytes=3 << 30,
         models_finding="empty_body",
         needs_person="3 restarts in the last 3600 s did not help",
     )
+    s = doc.servers[0]
     html = render(doc, days, NOW, 10)
-    for shown in (s["url"], "4242", "3072 MiB", "empty_body", str(s["manager"])):
+    for shown in (s.url, "4242", "3072 MiB", "empty_body", s.manager):
         assert f"<dd>{shown}</dd>" in html, shown
     assert "last 24 hours" in html  # a day of history: a day's span
     assert "Next: once the cause is dealt with" in html
@@ -513,7 +511,7 @@ def test_the_page_shows_the_last_probes_and_the_share_served_over_30_days() -> N
     assert f"<dt>serving (30 d)</dt><dd>{share}</dd>" in html
     fresh = read_day(Store(None), "new", NOW, STEP)
     assert fresh.month == (0.0, 0.0) and '<figure class="strip">' not in render(
-        {**doc, "servers": [{**doc["servers"][0], "name": "new"}]},  # type: ignore[dict-item]
+        changed(doc, 0, name="new"),
         {"new": fresh},
         NOW,
         10,

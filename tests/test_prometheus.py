@@ -415,13 +415,13 @@ def test_fleet_shows_machines_side_by_side_with_how_often_each_is_provoked(
             )
         until(
             lambda: (
-                wedged.status()["servers"][0]["gave_up_24h"] == 1
-                and wedged.status()["servers"][0]["state"] == "wedged"
+                wedged.status().servers[0].gave_up_24h == 1
+                and wedged.status().servers[0].state == "wedged"
             ),
             30,
             "the departed client counted and the wedge judged",
         )
-        until(lambda: serving.status()["servers"][0]["state"] == "healthy", 30, "healthy")
+        until(lambda: serving.status().servers[0].state == "healthy", 30, "healthy")
         urls = []
         for d in (wedged, serving):
             host, port = d.endpoint.server_address[:2]  # type: ignore[union-attr]

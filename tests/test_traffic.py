@@ -16,6 +16,7 @@ from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.traffic import SKIP_MAX, proves, skipped_verdict
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.sense.findings import LoadReport
 from tests.builders import badserver_argv, watchdog_config
 from tests.conftest import DaemonThread, free_port, until
@@ -76,7 +77,7 @@ def traffic_config(tmp_path: Path, port: int, *extra: str) -> dict[str, object]:
 def test_a_skipped_probe_is_not_counted_as_a_probe() -> None:
     from mlx_watchdog.record.metrics import Metrics
 
-    metrics = Metrics(lambda: {"watchdog": {}, "servers": []})  # type: ignore[arg-type,return-value]
+    metrics = Metrics(lambda: Status(WatchdogLine()))
     metrics.observe("s", last())
     metrics.observe("s", skipped_verdict(last(), SERVED, "40 tokens delivered"))
     metrics.skipped("s")

@@ -87,8 +87,7 @@ def _endpoint(config: Config) -> Finding:
         doc = live_status(config.watchdog.state_dir)
     except DaemonNotRunning as exc:
         return Finding("warning", "watchdog", str(exc), "mlx-watchdog install, or mlx-watchdog run")
-    pid = doc.get("watchdog", {}).get("pid")
-    return Finding("ok", "watchdog", f"running (PID {pid}); its endpoint answers")
+    return Finding("ok", "watchdog", f"running (PID {doc.watchdog.pid}); its endpoint answers")
 
 
 def _server(

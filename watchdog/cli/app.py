@@ -82,7 +82,7 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-STATE_STYLE = {
+STATE_STYLE: dict[str, str] = {
     State.HEALTHY: "bold green",
     State.SLOW: "bold yellow",
     State.BUSY: "bold yellow",

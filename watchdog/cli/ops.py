@@ -21,7 +21,9 @@ from mlx_watchdog.cli.app import (
     suggest,
 )
 from mlx_watchdog.judge.states import UNKNOWN_EXIT
-from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
+from mlx_watchdog.record.document import ServerStatus, Status
+from mlx_watchdog.serve.notes import ALERT, ASIDE, NOTE, Note
+from mlx_watchdog.serve.notes import notes as server_notes
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -46,7 +48,7 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
 
     cfg = load_or_exit(config_path)
 
-    def fetch() -> dict[str, Any]:
+    def fetch() -> Status:
         try:
             return live_status(cfg.watchdog.state_dir)
         except DaemonNotRunning as exc:
@@ -54,7 +56,7 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
 
     doc = fetch()
     if as_json:
-        _json_out(doc)
+        _json_out(doc.to_json())
     elif watch:
         import signal
         import threading
@@ -121,18 +123,18 @@ def open_page(config_path: Path | None, print_url: bool, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _status_exit(doc: dict[str, Any]) -> int:
-    if not doc["watchdog"].get("running"):
+def _status_exit(doc: Status) -> int:
+    if not doc.watchdog.running:
         return UNKNOWN_EXIT
-    return max((int(s["exit_code"]) for s in doc["servers"]), default=UNKNOWN_EXIT)
+    return max((s.exit_code for s in doc.servers), default=UNKNOWN_EXIT)
 
 
-def _status_view(doc: dict[str, Any]) -> Group:
+def _status_view(doc: Status) -> Group:
     from rich.console import Group
     from rich.table import Table
 
     now = time.time()
-    live = bool(doc["watchdog"].get("running"))
+    live = doc.watchdog.running
     table = Table(box=None, padding=(0, 1), header_style="dim")
     columns = (
         "server",
@@ -148,86 +150,58 @@ def _status_view(doc: dict[str, Any]) -> Group:
         table.add_column(column, no_wrap=True)
     table.add_column("RSS", no_wrap=True, justify="right")
     notes = []
-    for s in doc["servers"]:
-        state = s["state"]
+    for s in doc.servers:
+        state = s.state
         shown = f"[{STATE_STYLE.get(state, 'bold')}]{state}[/]"
-        pid, rss = s.get("pid"), s.get("rss_bytes")
+        pid, rss = s.pid, s.rss_bytes
         pid_cell = "-" if pid is None else str(pid)
         rss_cell = "-" if rss is None else f"{rss / 2**20:.0f} MiB"
         if not live:
             # The last recorded probe, not the server now: said as such, and a PID that has
             # exited since (the watchdog stopped its own server, say) is said gone.
-            shown = f"[dim]was {state}, {_ago(s.get('judged_at'), now)}[/]"
+            shown = f"[dim]was {state}, {_ago(s.judged_at, now)}[/]"
             if pid is not None and not _alive(pid):
                 pid_cell, rss_cell = f"{pid} (gone)", "-"
         table.add_row(
-            s["name"],
+            s.name,
             shown,
             _traffic(s) if live else "-",
-            _ago(s.get("last_token_at"), now),
-            f"{_ms(s.get('ttft_p50_s'))}/{_ms(s.get('ttft_p95_s'))} ms",
-            str(s["restarts_24h"]),
-            str(s["budget_left"]),
+            _ago(s.last_token_at, now),
+            f"{_ms(s.ttft_p50_s)}/{_ms(s.ttft_p95_s)} ms",
+            str(s.restarts_24h),
+            str(s.budget_left),
             pid_cell,
             rss_cell,
         )
-        flags = [f for f in ("draining", "restarting") if s.get(f)]
-        notes.append(
-            f"[bold]{s['name']}[/bold] {escape(s['reason'])}"
-            + "".join(f" [bold yellow]({f}: /healthz answers 503)[/]" for f in flags)
-        )
-        if s.get("needs_person"):
-            notes.append(f"  [bold red]a person is needed:[/] {escape(s['needs_person'])}")
-        if s.get("models_finding") == "empty_body":
-            notes.append(
-                "  [yellow]/v1/models answers 200 with an empty body:[/] "
-                + escape(EMPTY_MODELS_FIX)
-            )
-        if s.get("progress_problem"):
-            notes.append(f"  [yellow]server log:[/] {escape(s['progress_problem'])}")
-        if live and s.get("restart_cost_s") is not None:
-            measured = s.get("restart_cost_measured") or 0
-            notes.append(
-                f"  [dim]a restart: about {s['restart_cost_s']:.0f} s to its first token "
-                + (
-                    f"(the median of {measured} measured here)"
-                    if measured
-                    else "(assumed: none measured here yet)"
-                )
-                + "[/]"
-            )
-        wait = s.get("clearing")
-        if isinstance(wait, dict):
-            what = (
-                "since cancelling the abandoned requests"
-                if wait.get("cure") == "cancel"
-                else "for the abandoned prefill"
-                if wait.get("prefill_total")
-                else "for the abandoned work (its end cannot be read)"
-            )
-            notes.append(
-                f"  [yellow]clearing:[/] waiting {wait.get('waited_s')} s {what} instead of a "
-                f"restart; restarting in {wait.get('restart_in_s')} s if it has not served"
-            )
-    w = doc["watchdog"]
+        notes.append(f"[bold]{s.name}[/bold] {escape(s.reason)}")
+        notes += [_note(n) for n in server_notes(s, live=live)]
+    w = doc.watchdog
     head = (
-        f"[green]watchdog running[/green] (PID {w['pid']}, every {w['interval_s']:g}s)"
-        if w.get("running")
-        else f"[yellow]{escape(w.get('why', 'the watchdog is not running'))}[/yellow]; "
+        f"[green]watchdog running[/green] (PID {w.pid}, every {w.interval_s or 0:g}s)"
+        if w.running
+        else f"[yellow]{escape(w.why or 'the watchdog is not running')}[/yellow]; "
         "showing the last recorded probes"
     )
-    if w.get("history_problem"):
-        notes.append(f"[bold red]history:[/] {escape(w['history_problem'])}")
+    if w.history_problem:
+        notes.append(f"[bold red]history:[/] {escape(w.history_problem)}")
     return Group(head, table, *notes)
 
 
-def _traffic(s: dict[str, Any]) -> str:
+NOTE_STYLE = {ALERT: "bold red", NOTE: "yellow", ASIDE: "dim"}
+
+
+def _note(n: Note) -> str:
+    said = f"  [{NOTE_STYLE.get(n.level, 'bold')}]{escape(n.label)}:[/] {escape(n.text)}"
+    return said + (f"\n    [dim]next: {escape(n.next)}[/]" if n.next else "")
+
+
+def _traffic(s: ServerStatus) -> str:
     """Whether a load balancer reading /healthz sends it requests: in, or out and why."""
-    if s.get("draining"):
+    if s.draining:
         return "[yellow]drained[/]"
-    if s.get("restarting"):
+    if s.restarting:
         return "[yellow]restarting[/]"
-    return "in" if s.get("serving") else "[red]out[/]"
+    return "in" if s.serving else "[red]out[/]"
 
 
 def _alive(pid: object) -> bool:
@@ -479,13 +453,11 @@ def _await_restart(
         except DaemonNotRunning as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))} while the restart ran")
             return UNKNOWN_EXIT
-        server: dict[str, Any] = next(
-            (s for s in doc.get("servers", []) if s.get("name") == name), {}
-        )
-        last = server.get("last_restart") or {}
-        at, outcome = last.get("at"), last.get("outcome")
-        if isinstance(at, (int, float)) and at >= asked - 1 and outcome is not None:
-            took = float(last.get("finished_at") or at) - at
+        server = doc.server(name)
+        last = server.last_restart if server is not None else None
+        if server is not None and last is not None and last.at >= asked - 1 and last.outcome:
+            at, outcome = last.at, last.outcome
+            took = (last.finished_at or at) - at
             code = 0 if outcome == "recovered" else UNKNOWN_EXIT if outcome == "interrupted" else 2
             if as_json:
                 _json_out(
@@ -495,14 +467,14 @@ def _await_restart(
                         "done": True,
                         "outcome": outcome,
                         "took_s": round(took, 1),
-                        "reason": server.get("reason"),
+                        "reason": server.reason,
                     }
                 )
                 return code
             if outcome == "recovered":
                 click.echo(f"restarted {name}: serving again after {took:.1f} s")
                 return 0
-            echo(f"restart of {name} {outcome} after {took:.1f} s: {server.get('reason')}")
+            echo(f"restart of {name} {outcome} after {took:.1f} s: {server.reason}")
             return UNKNOWN_EXIT if outcome == "interrupted" else 2
         time.sleep(0.5)
     said = f"the restart of {name} had not ended after {bound:.0f} s; see `mlx-watchdog status`"

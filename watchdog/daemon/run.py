@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 from mlx_watchdog import __version__
 from mlx_watchdog.act.check import Checker
@@ -33,6 +32,7 @@ from mlx_watchdog.daemon.schedule import Schedule
 from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
+from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.record.left_probes import left_probes
 from mlx_watchdog.record.metrics import Metrics
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
@@ -166,21 +166,18 @@ class Daemon:
 
     # -- what the endpoint and `status` show -------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         now, mono = self.wall(), self.mono()
         cycles = list(self.cycles.values())
-        return {
-            "watchdog": {
-                "pid": os.getpid(),
-                "version": __version__,
-                "started_at": self.started_at,
-                "interval_s": self.interval,
-                "running": True,
-                # Set when the history fell back to memory (or skipped a locked write).
-                "history_problem": self.store.problem,
-            },
-            "servers": [of_cycle(c, now, mono, self.interval) for c in cycles],
-        }
+        line = WatchdogLine(
+            pid=os.getpid(),
+            version=__version__,
+            started_at=self.started_at,
+            interval_s=self.interval,
+            running=True,
+            history_problem=self.store.problem,
+        )
+        return Status(line, tuple(of_cycle(c, now, mono, self.interval) for c in cycles))
 
     def page(self) -> str:
         """The status page, rendered at most once per its own reload period (one render at a

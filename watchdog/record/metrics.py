@@ -16,10 +16,11 @@ from prometheus_client.registry import Collector
 
 from mlx_watchdog.judge.states import SHOWN_STATES, EventKind
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.document import Status
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
-Status = Callable[[], dict[str, Any]]  # the daemon's status document
+StatusOf = Callable[[], Status]  # the daemon's status document
 
 # Per-server gauges read from the status document at scrape time: (metric, key, help).
 GAUGES = (
@@ -65,7 +66,7 @@ GAUGES = (
 class Metrics:
     """The Prometheus exposition: counters as things happen, gauges from the status documents."""
 
-    def __init__(self, status: Status) -> None:
+    def __init__(self, status: StatusOf) -> None:
         self.registry = CollectorRegistry()
         self.ttft = Histogram(
             "mlx_watchdog_time_to_first_token_seconds",
@@ -138,18 +139,18 @@ class Metrics:
 
 
 class _StatusCollector(Collector):
-    def __init__(self, status: Status) -> None:
+    def __init__(self, status: StatusOf) -> None:
         self.status = status
 
     def collect(self) -> Iterator[Metric]:
         status = self.status()
-        docs = status["servers"]
+        docs = status.servers
 
         def gauge(name: str, doc: str, key: str) -> GaugeMetricFamily:
             family = GaugeMetricFamily(name, doc, labels=["server"])
             for d in docs:
-                if d.get(key) is not None:
-                    family.add_metric([d["name"]], float(d[key]))
+                if (value := getattr(d, key)) is not None:
+                    family.add_metric([d.name], float(value))
             return family
 
         state = GaugeMetricFamily(
@@ -159,7 +160,7 @@ class _StatusCollector(Collector):
         )
         for d in docs:
             for s in SHOWN_STATES:
-                state.add_metric([d["name"], s], 1.0 if d["state"] == s else 0.0)
+                state.add_metric([d.name, s], 1.0 if d.state == s else 0.0)
         yield state
         for name, key, doc in GAUGES:
             yield gauge(name, doc, key)
@@ -169,10 +170,10 @@ class _StatusCollector(Collector):
             labels=["server"],
         )
         for d in docs:
-            held.add_metric([d["name"]], 1.0 if d.get("needs_person") else 0.0)
+            held.add_metric([d.name], 1.0 if d.needs_person else 0.0)
         yield held
         yield GaugeMetricFamily(
             "mlx_watchdog_history_in_memory",
             "1 when the history database could not be used and history is kept in memory.",
-            value=1.0 if status["watchdog"].get("history_problem") else 0.0,
+            value=1.0 if status.watchdog.history_problem else 0.0,
         )

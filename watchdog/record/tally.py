@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import Abandoned
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.clearing import COSTS_KEPT, RestartCost, restart_cost
 from mlx_watchdog.judge.states import EventKind
+from mlx_watchdog.record.document import ShownIncident
 from mlx_watchdog.record.store import Store
 
 TTFT_WINDOW = 3600.0
@@ -29,13 +29,13 @@ class Figures:
 
     ttfts: Sequence[float] = ()  # of the last TTFT_WINDOW
     restarts: Sequence[float] = ()  # when, over the longer of a day and the budget's window
-    incident: dict[str, Any] | None = None  # id, state, began_at
+    incident: ShownIncident | None = None
     needs_person: str | None = None
     last_token_at: float | None = None
     # How often the server was provoked, over the last day: incidents opened, clients that left.
     incidents_24h: int = 0
     gave_up_24h: int = 0
-    last_restart: dict[str, Any] | None = None  # at, trigger, outcome, finished_at
+    last_restart: LastRestart | None = None
     restart_cost_s: float | None = None  # a restart's time to the first token here
     restart_cost_measured: int = 0  # restarts it is the median of; 0: the stated default
 
@@ -116,7 +116,7 @@ class Tally:
         now: float,
         mono: float,
         *,
-        incident: dict[str, Any] | None,
+        incident: ShownIncident | None,
         needs_person: str | None,
     ) -> Figures:
         since = now - restart_span(server)
@@ -127,7 +127,7 @@ class Tally:
             incident=incident,
             needs_person=needs_person,
             last_token_at=self.last_token_at,
-            last_restart=None if last is None else asdict(last),
+            last_restart=last,
             incidents_24h=len([at for at in list(self.opened) if at >= now - DAY]),
             gave_up_24h=sum(n for at, n in list(self.gave_up) if at >= now - DAY),
             restart_cost_s=cost.seconds,

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mlx_watchdog.config import Config
+from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.record.private import UnsafeState, read_private
 from mlx_watchdog.sense.text import BadJson, load_json
 
@@ -110,13 +111,13 @@ def _request(
     return int(status_line[1]), body
 
 
-def live_status(state_dir: Path) -> dict[str, Any]:
+def live_status(state_dir: Path) -> Status:
     url = daemon_url(state_dir)
     try:  # beyond loopback /status needs it; this user's own daemon's token is readable
         token: str | None = read_private(state_dir / TOKEN_FILE).strip()
     except (OSError, UnsafeState):
         token = None
-    return remote_status(url, token)
+    return Status.from_json(remote_status(url, token))
 
 
 def remote_status(url: str, token: str | None = None) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def page_url(state_dir: Path) -> str:
     return url + "/"
 
 
-def history_status(config: Config, why: str, now: float | None = None) -> dict[str, Any]:
+def history_status(config: Config, why: str, now: float | None = None) -> Status:
     """The status document built from the history database, saying why it is not live."""
     from mlx_watchdog.record.store import open_history
     from mlx_watchdog.serve.status import from_history
@@ -164,7 +165,7 @@ def history_status(config: Config, why: str, now: float | None = None) -> dict[s
         servers = [from_history(s, store, now) for s in config.servers]
     finally:
         store.close()
-    return {"watchdog": {"running": False, "why": why}, "servers": servers}
+    return Status(WatchdogLine(running=False, why=why), tuple(servers))
 
 
 def act(state_dir: Path, name: str, action: str) -> str:

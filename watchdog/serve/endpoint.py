@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from mlx_watchdog.config.values import GUARDED_ROUTES, is_loopback
 from mlx_watchdog.cycle import Conflict  # 409: the ask repeats what runs or just ran
+from mlx_watchdog.record.document import Status
 from mlx_watchdog.record.private import UnsafeState, private_dir, read_private
 from mlx_watchdog.sense.bounded import Cutoff
 from mlx_watchdog.serve.page import HEADERS as PAGE_HEADERS
@@ -48,8 +49,8 @@ BUSY = (
 class Backend(Protocol):
     """What the endpoint asks of the daemon: its status, metrics, page and actions."""
 
-    def status(self) -> dict[str, Any]:
-        """{"servers": [one status dict per server, with "name", "state", "serving", ...]}."""
+    def status(self) -> Status:
+        """The watchdog and one ServerStatus per server."""
 
     def prometheus(self) -> tuple[bytes, str]:
         """The Prometheus exposition and its content type."""
@@ -119,7 +120,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body = packed if gzip_ok else plain
             self._send(200, body, "text/html; charset=utf-8", headers)
         elif path == "/status":
-            self._json(200, self.backend.status())
+            self._json(200, self.backend.status().to_json())
         elif path == "/metrics":
             body, ctype = self.backend.prometheus()
             self._send(200, body, ctype)
@@ -186,21 +187,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _health(self, name: str | None) -> None:
         doc = self.backend.status()
-        servers = doc["servers"]
+        servers = list(doc.servers)
         if name is not None:
-            servers = [s for s in servers if s["name"] == name]
+            servers = [s for s in servers if s.name == name]
             if not servers:
                 self._error(404, f'no server named "{name}"')
                 return
-        ok = bool(servers) and all(s["serving"] for s in servers)
+        ok = bool(servers) and all(s.serving for s in servers)
         if "application/json" in self.headers.get("Accept", ""):
-            brief = [{k: s[k] for k in ("name", "state", "serving", "reason")} for s in servers]
-            problem = doc["watchdog"].get("history_problem")
+            brief = [
+                {"name": s.name, "state": s.state, "serving": s.serving, "reason": s.reason}
+                for s in servers
+            ]
+            problem = doc.watchdog.history_problem
             self._json(200 if ok else 503, {"ok": ok, "servers": brief, "history_problem": problem})
             return
-        lines = [
-            f"{s['name']} {'ok' if s['serving'] else 'unavailable'}: {s['reason']}" for s in servers
-        ]
+        lines = [f"{s.name} {'ok' if s.serving else 'unavailable'}: {s.reason}" for s in servers]
         self._send(200 if ok else 503, ("\n".join(lines) + "\n").encode(), "text/plain")
 
     def _json(self, code: int, doc: object) -> None:

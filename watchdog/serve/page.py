@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 from html import escape
-from typing import Any
 
-from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
 from mlx_watchdog.judge.states import SERVING_STATES, SHOWN_STATES, UNKNOWN, State
+from mlx_watchdog.record.document import ServerStatus, Status, WatchdogLine
 from mlx_watchdog.record.tally import DAY
 from mlx_watchdog.serve.day import HOUR, STRIP, Day, lines_of
+from mlx_watchdog.serve.notes import ALERT, notes
 
 WIDTH = 720  # the charts' own units; CSS stretches them to the page
 TEXT_SHOWN = 400  # characters of an incident's reason or advice
@@ -77,13 +77,13 @@ def refresh_s(interval: float) -> int:
     return int(min(60, max(5, round(interval))))
 
 
-def render(doc: dict[str, Any], days: dict[str, Day], now: float, reload_s: int) -> str:
+def render(doc: Status, days: dict[str, Day], now: float, reload_s: int) -> str:
     """The page for a status document (as `/status` serves it) and each server's day."""
-    servers = doc["servers"]
-    down = [s for s in servers if not s["serving"]]
+    servers = doc.servers
+    down = [s for s in servers if not s.serving]
     title = f"{len(down)} of {len(servers)} unavailable" if down else "all serving"
     sections = "\n".join(
-        _server(s, days.get(s["name"]) or Day(since=now - DAY, until=now), now) for s in servers
+        _server(s, days.get(s.name) or Day(since=now - DAY, until=now), now) for s in servers
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -93,7 +93,7 @@ def render(doc: dict[str, Any], days: dict[str, Day], now: float, reload_s: int)
 <title>{escape(title)} · mlx-watchdog</title>
 <style>{CSS}</style></head>
 <body>
-{_header(doc["watchdog"], now, reload_s)}
+{_header(doc.watchdog, now, reload_s)}
 <main>
 {sections or '<p class="note">No servers are configured.</p>'}
 </main>
@@ -101,12 +101,12 @@ def render(doc: dict[str, Any], days: dict[str, Day], now: float, reload_s: int)
 """
 
 
-def _header(w: dict[str, Any], now: float, reload_s: int) -> str:
-    problem = w.get("history_problem")
+def _header(w: WatchdogLine, now: float, reload_s: int) -> str:
+    problem = w.history_problem
     offset = time.strftime("%z", time.localtime(now))
     return (
-        f"<header><h1>mlx-watchdog</h1><p>version {escape(str(w.get('version')))}, "
-        f"pid {escape(str(w.get('pid')))}, probing every {_num(w.get('interval_s'))} s. "
+        f"<header><h1>mlx-watchdog</h1><p>version {escape(str(w.version))}, "
+        f"pid {escape(str(w.pid))}, probing every {_num(w.interval_s)} s. "
         f"As of {_clock(now)} (UTC{offset[:3]}:{offset[3:]}, the watchdog's time); this page "
         f"reloads every {reload_s} s. Read-only: actions need the API token.</p>"
         + (f'<p class="alert">History: {escape(str(problem))}</p>' if problem else "")
@@ -114,13 +114,13 @@ def _header(w: dict[str, Any], now: float, reload_s: int) -> str:
     )
 
 
-def _server(s: dict[str, Any], day: Day, now: float) -> str:
+def _server(s: ServerStatus, day: Day, now: float) -> str:
     fitted = _fit(day)
-    state = s["state"] if s["state"] in SHOWN_STATES else UNKNOWN
-    name = escape(str(s["name"]))
+    state = s.state if s.state in SHOWN_STATES else UNKNOWN
+    name = escape(s.name)
     return f"""<section class="server s-{state}" id="server-{name}" data-state="{state}">
 <h2><span class="badge s-{state}">{state}</span>{name}</h2>
-<p class="reason">{escape(str(s["reason"]))}</p>
+<p class="reason">{escape(s.reason)}</p>
 {"".join(_notes(s))}
 {_numbers(s, now, day)}
 {_strip(day)}
@@ -128,60 +128,16 @@ def _server(s: dict[str, Any], day: Day, now: float) -> str:
 {_ttft_chart(fitted)}
 {_hourly(day)}
 {_incidents(day, now)}
-{_advice(s["name"], day, now)}
+{_advice(s.name, day, now)}
 {f'<p class="alert">{escape(day.problem)}</p>' if day.problem else ""}
 </section>"""
 
 
-def _notes(s: dict[str, Any]) -> Iterable[str]:
-    if s.get("needs_person"):
-        yield (
-            f'<p class="alert">A person is needed: {escape(str(s["needs_person"]))}. '
-            f"Next: {escape(_after_hold(str(s['name'])))}</p>"
-        )
-    if s.get("restarting"):
-        yield '<p class="alert">Restarting now.</p>'
-    if s.get("draining"):
-        yield '<p class="alert">Drained: load balancers are told to send it nothing.</p>'
-    cause = _cause(s.get("cause"))
-    if cause is not None and cause is not Cause.UNKNOWN:
-        because = s.get("cause_because")
-        why = f" ({_cut(str(because))})" if because else ""
-        yield (
-            f'<p class="alert">Cause: {escape(WORDS[cause])}{escape(why)}. '
-            f"Next: {escape(NEXT_STEP.get(cause, ''))}</p>"
-        )
-    c = s.get("clearing")
-    if isinstance(c, dict):
-        what = (
-            "after cancelling the abandoned requests"
-            if c.get("cure") == "cancel"
-            else "for an abandoned prefill to finish"
-            if c.get("prefill_total")
-            else "for abandoned work whose end cannot be read"
-        )
-        yield (
-            f'<p class="alert">Waiting {_num(c.get("waited_s"))} s {what} instead of '
-            f"restarting; restart in {_num(c.get('restart_in_s'))} s if not.</p>"
-        )
-    if s.get("progress_problem"):
-        yield f'<p class="note">Prefill progress: {escape(_cut(str(s["progress_problem"])))}</p>'
-    elif s.get("server_prefill"):
-        yield f'<p class="note">Its log: {escape(_cut(str(s["server_prefill"])))}</p>'
-
-
-def _after_hold(name: str) -> str:
-    return (
-        "once the cause is dealt with, a healthy probe ends the hold by itself; to restart it "
-        f"now: mlx-watchdog restart {name} (the history: mlx-watchdog history --server {name})"
-    )
-
-
-def _cause(value: object) -> Cause | None:
-    try:
-        return Cause(str(value)) if value else None
-    except ValueError:
-        return None
+def _notes(s: ServerStatus) -> Iterable[str]:
+    for n in notes(s):
+        then = f" Next: {escape(n.next)}" if n.next else ""
+        css = "alert" if n.level == ALERT else "note"
+        yield f'<p class="{css}">{escape(n.label)}: {escape(_cut(n.text))}.{then}</p>'
 
 
 def uptime(day: Day) -> float | None:
@@ -220,29 +176,26 @@ def _strip(day: Day) -> str:
     )
 
 
-def _numbers(s: dict[str, Any], now: float, day: Day) -> str:
-    last = s.get("last_token_at")
-    p50, p95 = s.get("ttft_p50_s"), s.get("ttft_p95_s")
-    ttft = "none in the last hour" if p50 is None else f"{p50:.2f} s / {p95:.2f} s"
+def _numbers(s: ServerStatus, now: float, day: Day) -> str:
+    last, since = s.last_token_at, s.state_since
+    p50, p95 = s.ttft_p50_s, s.ttft_p95_s
+    ttft = "none in the last hour" if p50 is None or p95 is None else f"{p50:.2f} s / {p95:.2f} s"
     items = [
-        ("serving", "yes" if s["serving"] else "no"),
+        ("serving", "yes" if s.serving else "no"),
         ("last token", "never" if last is None else _ago(now - last)),
         ("TTFT p50 / p95 (1 h)", ttft),
-        ("restarts (24 h)", str(s.get("restarts_24h", 0))),
-        ("restart budget left", str(s.get("budget_left"))),
-        ("incidents (24 h)", str(s.get("incidents_24h", 0))),
-        ("clients that gave up (24 h)", str(s.get("gave_up_24h", 0))),
-        (
-            "in the state since",
-            "-" if s.get("state_since") is None else _ago(now - s["state_since"]),
-        ),
+        ("restarts (24 h)", str(s.restarts_24h)),
+        ("restart budget left", str(s.budget_left)),
+        ("incidents (24 h)", str(s.incidents_24h)),
+        ("clients that gave up (24 h)", str(s.gave_up_24h)),
+        ("in the state since", "-" if since is None else _ago(now - since)),
         ("serving (24 h)", "-" if (up := uptime(day)) is None else f"{100 * up:.2f} %"),
         ("serving (30 d)", _share(*day.month)),
-        ("address", str(s.get("url") or "-")),
-        ("manager", str(s.get("manager") or "-")),
-        ("PID", "-" if s.get("pid") is None else str(s["pid"])),
-        ("memory", "-" if s.get("rss_bytes") is None else f"{s['rss_bytes'] / 2**20:.0f} MiB"),
-        ("/v1/models", str(s.get("models_finding") or "-")),
+        ("address", s.url or "-"),
+        ("manager", s.manager or "-"),
+        ("PID", "-" if s.pid is None else str(s.pid)),
+        ("memory", "-" if s.rss_bytes is None else f"{s.rss_bytes / 2**20:.0f} MiB"),
+        ("/v1/models", s.models_finding or "-"),
     ]
     cells = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in items)
     return f'<dl class="numbers">{cells}</dl>'

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN, UNKNOWN_EXIT
+from mlx_watchdog.record.document import ServerStatus, ShownIncident, Waiting
 from mlx_watchdog.record.store import Ref, Store, row_id
 from mlx_watchdog.record.tally import DAY, Figures, Tally
 
@@ -37,59 +38,58 @@ def describe(
     restarting: bool = False,
     blind: bool = False,
     age: float | None = None,
-    clearing: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    clearing: Waiting | None = None,
+) -> ServerStatus:
     ttfts = sorted(figures.ttfts)
     budget = allowance(server.restart, figures.restarts, now)
     serving = state in SERVING_STATES and not draining and not restarting
     e = evidence or Evidence()
-    return {
-        "name": server.name,
-        "url": server.url,
-        "manager": server.manager,
-        "state": state or UNKNOWN,
-        "reason": reason,
-        "serving": serving,
-        "exit_code": EXIT_CODES.get(state or "", UNKNOWN_EXIT),
-        "judged_at": at,
-        "state_since": since,
-        "draining": draining,
-        "restarting": restarting,
-        "blind": blind,  # the verdict is too old to say anything about the server now
-        "verdict_age_s": None if age is None else round(age, 1),
-        "needs_person": figures.needs_person,
-        "last_token_at": figures.last_token_at,
-        "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
-        "ttft_p95_s": ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
-        "ttft_samples": len(ttfts),
-        "restarts_24h": sum(1 for r in figures.restarts if r >= now - DAY),
-        "incidents_24h": figures.incidents_24h,
-        "gave_up_24h": figures.gave_up_24h,
-        "budget_left": budget.left,
-        "pid": e.pid,
-        "rss_bytes": e.rss_bytes,
-        "cpu_percent": e.cpu_percent,
-        "abandoned_connections": e.abandoned_connections,
-        "live_connections": e.live_connections,
-        "kind": server.kind,
-        "models_finding": e.models_finding,
-        "cause": e.cause,  # why it fails (judge/cause.py), while its verdict is a failing one
-        "cause_because": e.cause_because,
-        "server_report": e.server_report,
-        "server_prefill": e.server_prefill,  # what its log says of the prefill it does
-        "progress_problem": e.progress_problem,
-        "server_running": e.server_running,
-        "server_waiting": e.server_waiting,
-        "incident": figures.incident,
-        "last_restart": figures.last_restart,
-        # Waiting for an abandoned prefill instead of restarting: waited_s, restart_in_s.
-        "clearing": clearing,
-        "restart_cost_s": figures.restart_cost_s,  # to the first token: measured, or the default
-        "restart_cost_measured": figures.restart_cost_measured,
-    }
+    return ServerStatus(
+        name=server.name,
+        url=server.url,
+        manager=server.manager,
+        state=state or UNKNOWN,
+        reason=reason,
+        serving=serving,
+        exit_code=EXIT_CODES.get(state or "", UNKNOWN_EXIT),
+        judged_at=at,
+        state_since=since,
+        draining=draining,
+        restarting=restarting,
+        blind=blind,
+        verdict_age_s=None if age is None else round(age, 1),
+        needs_person=figures.needs_person,
+        last_token_at=figures.last_token_at,
+        ttft_p50_s=statistics.median(ttfts) if ttfts else None,
+        ttft_p95_s=ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
+        ttft_samples=len(ttfts),
+        restarts_24h=sum(1 for r in figures.restarts if r >= now - DAY),
+        incidents_24h=figures.incidents_24h,
+        gave_up_24h=figures.gave_up_24h,
+        budget_left=budget.left,
+        pid=e.pid,
+        rss_bytes=e.rss_bytes,
+        cpu_percent=e.cpu_percent,
+        abandoned_connections=e.abandoned_connections,
+        live_connections=e.live_connections,
+        kind=server.kind,
+        models_finding=e.models_finding,
+        cause=e.cause,
+        cause_because=e.cause_because,
+        server_report=e.server_report,
+        server_prefill=e.server_prefill,
+        progress_problem=e.progress_problem,
+        server_running=e.server_running,
+        server_waiting=e.server_waiting,
+        incident=figures.incident,
+        last_restart=figures.last_restart,
+        clearing=clearing,
+        restart_cost_s=figures.restart_cost_s,
+        restart_cost_measured=figures.restart_cost_measured,
+    )
 
 
-def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> dict[str, Any]:
+def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> ServerStatus:
     """The document of a server the daemon watches; its last verdict only while fresh."""
     v, blind, i = c.verdict, c.blindness(mono, interval), c.incident
     shown = None if i is None else _incident(i.id, i.state, i.began_at)
@@ -112,21 +112,20 @@ def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> dict[str, An
     )
 
 
-def _clearing(wait: Clearing | None, mono: float) -> dict[str, Any] | None:
+def _clearing(wait: Clearing | None, mono: float) -> Waiting | None:
     if wait is None:
         return None
-    return {
-        "waited_s": round(mono - wait.began, 1),
-        "restart_in_s": round(max(0.0, wait.until - mono), 1),
-        "prefill_total": wait.total,
-        "cure": "cancel" if wait.cancel else "wait",
-        # What the wait is weighed against: the restart, and the work it would destroy.
-        "restart_cost_s": wait.cost.total,
-        "destroyed_s": wait.cost.destroyed,
-    }
+    return Waiting(
+        waited_s=round(mono - wait.began, 1),
+        restart_in_s=round(max(0.0, wait.until - mono), 1),
+        prefill_total=wait.total,
+        cure="cancel" if wait.cancel else "wait",
+        restart_cost_s=wait.cost.total,
+        destroyed_s=wait.cost.destroyed,
+    )
 
 
-def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, Any]:
+def from_history(server: ServerConfig, store: Store, now: float) -> ServerStatus:
     """The document as the last recorded probe left it (the daemon is not running)."""
     i = store.open_incident_for(server.name)
     shown = None if i is None else _incident(i.id, i.state, i.began_at)
@@ -150,5 +149,5 @@ def from_history(server: ServerConfig, store: Store, now: float) -> dict[str, An
     )
 
 
-def _incident(ref: Ref, state: str, began_at: float) -> dict[str, Any]:
-    return {"id": row_id(ref), "state": state, "began_at": began_at}
+def _incident(ref: Ref, state: str, began_at: float) -> ShownIncident:
+    return ShownIncident(row_id(ref), state, began_at)
