@@ -84,7 +84,7 @@ def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
     assert incident.outcome.startswith("cleared without a restart: waited ")
     assert [(a["action"], a["outcome"]) for a in incident.actions] == [("wait", "cleared")]
     assert "a restart takes about 30 s here" in incident.actions[0]["detail"]
-    assert of_cycle(w, time.time(), time.monotonic(), 0.3)["clearing"] is None
+    assert of_cycle(w, time.time(), time.monotonic(), 0.3).clearing is None
     t.stop()
     config_file = tmp_path / "config.toml"
     config_file.write_text(to_toml(effective(t.daemon.config)))
