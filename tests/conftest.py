@@ -621,10 +621,45 @@ class User:
 TEST_USER = "mlxwd-test"
 
 
+USER_WAIT = 900.0  # seconds another run of the suite may hold the tests' user
+
+
+@contextlib.contextmanager
+def _the_test_user() -> Iterator[None]:
+    """The tests' user is one per machine, its home in the user database: a run of the suite
+    beside this one (CI and a person, say) would empty that home under this test. Held by
+    one test at a time, across processes."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / f"{TEST_USER}.lock", "a") as lock:
+        deadline = time.monotonic() + USER_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another run held the user {TEST_USER} for {USER_WAIT:.0f} s")
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture
 def user(tmp_path: Path) -> Iterator[User]:
     """An ordinary user with an empty HOME. As root, the tests' own user (made once), whose home
     is the one in the user database, emptied for each test: --system installs read it there."""
+    if os.getuid() == 0:
+        with _the_test_user():
+            yield from _user()
+    else:
+        yield from _user()
+
+
+def _user() -> Iterator[User]:
     import pwd
     import shutil
     import tempfile

@@ -411,3 +411,21 @@ def test_a_token_between_the_steps_of_the_prompt_waited_for_holds_the_incident_o
     assert not holds(prefilling(18_000, 20_000), None)  # no wait under way
     cancel = Clearing(100.0, 115.0, 20_000, COST, cancel=True)
     assert not holds(prefilling(18_000, 20_000), cancel)
+
+
+def test_a_resend_first_seen_during_a_wait_is_said_once_as_the_wait_grows() -> None:
+    """A loaded machine may judge the wedge before the client's first resend arrives: the wait
+    begins on what is unknown, then the resend is seen and the wait lasts longer. That is said
+    (the cycle records it as a clearing event) once, not at each judgement after."""
+    from mlx_watchdog.cycle.least_cost import LeastCost
+
+    cheap, least = RestartCost(3.0, 2), LeastCost()
+    alone = Evidence(abandoned_connections=1, cpu_percent=100.0)
+    first = least.plan(alone, cheap, 100.0, waited_before=False, cancel=None)
+    assert first.begins is not None and "resends" not in first.why
+    seen = least.plan(resent(6.0), cheap, 102.0, waited_before=False, cancel=None)
+    assert seen.begins is None and seen.restart_why is None
+    assert "a client resends the abandoned ~64 KiB request" in seen.goes_on
+    assert least.clearing is not None and least.clearing.until > first.begins.until
+    again = least.plan(resent(7.0), cheap, 103.0, waited_before=False, cancel=None)
+    assert again.begins is None and again.goes_on == "" and again.restart_why is None

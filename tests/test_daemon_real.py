@@ -229,10 +229,13 @@ def test_the_seeds_loop_ends_an_agent_that_resends_its_prompt_is_served_with_no_
     until(lambda: state(t) == "healthy" and t.daemon.cycles["tiny"].incident is None, 60, "clear")
     (incident,) = t.daemon.store.incidents(0.0)
     assert (incident.outcome or "").startswith("cleared without a restart: waited ")
-    clearing = next(e for e in t.daemon.store.events() if e.kind == "clearing")
-    assert "waiting while it costs less than a restart" in clearing.message
-    assert "a client resends the abandoned ~" in clearing.message, clearing.message
-    assert "no prefill progress is in the server's log" in clearing.message
+    # The wait may begin before the first resend arrives (a loaded machine judges later or
+    # sooner): then a second event says the resend was seen and the wait lasts longer.
+    waits = [e.message for e in t.daemon.store.events() if e.kind == "clearing"]
+    assert "waiting while it costs less than a restart" in waits[0], waits
+    assert "no prefill progress is in the server's log" in waits[0], waits
+    assert any("a client resends the abandoned ~" in m for m in waits), waits
+    assert len(waits) <= 2, waits
     # The advice that ends the loop at its source: the deadline this prompt needs, measured.
     assert (incident.advice or "").startswith("a client resent an abandoned ~"), incident.advice
     need = re.search(r"a client deadline above (\d+) s", incident.advice or "")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_watchdog.act.check import check_once
-from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.config import ProbeSettings, ServerConfig
 from mlx_watchdog.demo.run import long_prompt, send
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.sense.findings import Prefill
@@ -67,7 +67,9 @@ def test_patient_long_request_is_busy(
     ev = Evidence.from_json(doc["evidence"])
     assert (code, doc["state"]) == (1, "busy"), doc["reason"]
     assert ev.live_connections == 1 and ev.abandoned_connections == 0
-    assert ev.cpu_percent > 50
+    # Working for its client, as the judge reads it: far above idle_cpu_percent (its share of
+    # a core depends on what else the machine runs: 45 % with two other suites beside it).
+    assert ev.cpu_percent is not None and ev.cpu_percent > 10 * ProbeSettings().idle_cpu_percent
 
 
 def test_a_second_probe_during_a_long_request_stays_busy(

@@ -321,6 +321,9 @@ class Cycle:
         )
         for ended in plan.ended:
             self._record_cure(*ended)
+        if plan.goes_on and (wait := self.least.clearing) is not None:  # said: it lasts longer
+            within = round(wait.until - wait.began, 1)
+            self.transition(Phase.FAILING, EventKind.CLEARING, plan.goes_on, within_s=within)
         if plan.begins is None or self.incident is None:
             return plan.restart_why
         self.incident.waited = True

@@ -25,12 +25,14 @@ Ended = tuple[Clearing, str, str]  # a cure that ended: the wait, its outcome, t
 class Plan:
     """A least-cost step for the cycle to carry out: the cures that ended (each an incident
     action), then either a restart (`restart_why`, "" when none was weighed), a new cure to
-    begin (`begins`, a cancel to send first when `begins.cancel`), or neither: the cure goes on."""
+    begin (`begins`, a cancel to send first when `begins.cancel`), or neither: the cure goes on
+    (`goes_on`: why, when a client resending the abandoned prompt was first seen meanwhile)."""
 
     ended: tuple[Ended, ...] = ()
     restart_why: str | None = None
     begins: Clearing | None = None
     why: str = ""
+    goes_on: str = ""
 
 
 class LeastCost:
@@ -72,7 +74,9 @@ class LeastCost:
         if self.clearing is None and waited_before:
             return Plan(restart_why="")
         e = evidence
+        first_seen = False
         if e.retry_held_s is not None and e.retry_bytes is not None:
+            first_seen = self.resent is None
             sent = now - e.retry_held_s
             first = sent if self.resent is None else min(self.resent[0], sent)
             gave_up = max(e.gave_up_after_s) if e.gave_up_after_s else None
@@ -85,7 +89,7 @@ class LeastCost:
         if cure.wait is None:
             return Plan(ended=ended, restart_why=cure.why)
         if began is not None and began.cancel == cure.wait.cancel:
-            return Plan()  # the cure goes on
+            return Plan(goes_on=cure.why if first_seen else "")  # the cure goes on
         return Plan(ended=ended, begins=cure.wait, why=cure.why)
 
     def cancel_failed(self) -> None:
