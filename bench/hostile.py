@@ -173,7 +173,7 @@ def edited_histories(every: int) -> int:
     for table, problems in failed.items():
         for problem in problems:
             print(f"UNREAD {table}.{problem}")
-    return 1 if failed else 0
+    return 1 if any(failed.values()) else 0
 
 
 def against(rev: str) -> int:
