@@ -100,8 +100,10 @@ class Tally:
         return restart_cost(list(self.served_s))
 
     def restarts(self, wall: float, mono: float) -> list[float]:
-        """When the server was restarted, in wall time as of (`wall`, `mono`)."""
-        return [*self.restarts_before, *(wall - (mono - m) for m in self.restarts_here)]
+        """When the server was restarted, in wall time as of (`wall`, `mono`). Read by other
+        threads while the cycle appends: copied in one step (a walk would see it mutate)."""
+        here = list(self.restarts_here)
+        return [*self.restarts_before, *(wall - (mono - m) for m in here)]
 
     def forget_old(self, now: float) -> None:
         for kept, span in ((self.ttfts, TTFT_WINDOW), (self.gave_up, DAY)):
