@@ -135,6 +135,35 @@ def test_no_name_is_bound_twice_at_a_modules_top() -> None:
     assert not twice, twice
 
 
+# Each command module's list for cli/__init__.py: one meaning in each.
+SHARED_NAMES = {"COMMANDS"}
+
+
+def test_each_type_and_constant_has_one_meaning() -> None:
+    """A class, type alias or constant is defined in one module: `Kind`, `Plan`, `Run`,
+    `STATES` and `Address` each meant two things, and `GAP_PROBES`, `PLIST_MAX` and
+    `REPLACE_TIMEOUT` were one value kept in two places."""
+    import ast
+    import collections
+
+    where: dict[str, list[str]] = collections.defaultdict(list)
+    for path in sorted((ROOT / "watchdog").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                continue
+            for name in names:
+                if name.lstrip("_")[:1].isupper() and len(name) > 1 and name not in SHARED_NAMES:
+                    where[name].append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert not twice, twice
+
+
 MODULE_LINES = 700  # a module longer than this has a seam to split at; functions: ruff's limits
 
 

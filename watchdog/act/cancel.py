@@ -36,7 +36,7 @@ from mlx_watchdog.sense.text import BadJson, load_json
 
 CANCEL_TIMEOUT = 5.0  # seconds for each call
 CANCEL_BUDGET = 10.0  # seconds for all the calls of one cancel: it runs inside a tick
-MAX_ANSWER = 1 << 20  # bytes of a status or cancel answer
+MAX_CANCEL_ANSWER = 1 << 20  # bytes of a status or cancel answer
 MAX_CANCELS = 32  # requests cancelled in one go at most
 PROBE_NEAR = 1.0  # s: the listed request whose age is this near the probe's wait is the probe
 YOUNGER = 0.5  # s: a request younger than the probe by more than this came since
@@ -157,7 +157,7 @@ def _call(
         server.url + path,
         headers=headers,
         deadline=CANCEL_TIMEOUT,
-        cap=MAX_ANSWER,
+        cap=MAX_CANCEL_ANSWER,
         body=body,
         verify=tls(),
     )

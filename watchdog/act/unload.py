@@ -30,7 +30,7 @@ from mlx_watchdog.sense.text import BadJson, load_json
 
 CALL_TIMEOUT = 5.0
 GONE_WAIT = 5.0  # for the model to leave the in-memory list
-POLL = 0.25
+GONE_POLL = 0.25
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Unloader:
                 return True
             if self.mono() >= ends or self.system.interrupted:
                 return False
-            self.system.sleep(POLL)
+            self.system.sleep(GONE_POLL)
 
     def _runner(self) -> tuple[psutil.Process | None, str]:
         """The model's runner: a child of the server process whose command line is a runner of

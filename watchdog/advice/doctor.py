@@ -28,7 +28,7 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.sense.process import is_local_host
-from mlx_watchdog.sense.progress import PARSED_KINDS, progress_source, unread_cost
+from mlx_watchdog.sense.progress import PARSED_KINDS, PLIST_MAX, progress_source, unread_cost
 from mlx_watchdog.sense.sched import Clamp, clamp
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
@@ -141,7 +141,6 @@ def _server(
         )
 
 
-PLIST_MAX = 1 << 20
 THROTTLE_FIX = "set <key>ProcessType</key><string>Interactive</string> in {}, then reload the job"
 
 

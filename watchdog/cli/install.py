@@ -46,7 +46,7 @@ def _target(kind: str | None, system_wide: bool, preview: bool = False) -> Any:
 
     try:
         return service.target(
-            cast(service.Kind, kind or service.default_kind()),
+            cast(service.ServiceKind, kind or service.default_kind()),
             System(),
             system_wide=system_wide,
             preview=preview,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from mlx_watchdog.config.profiles import PROFILES, Kind, Profile
 from mlx_watchdog.config.values import (
     Convert,
-    Manager,
+    ManagerKind,
     duration_range,
     float_range,
     format_duration,
@@ -202,7 +202,7 @@ class ServerConfig:
         doc="leave out: the probe uses the served default",
         example="mlx-community/Qwen3-4B-4bit",
     )
-    manager: Manager = setting(
+    manager: ManagerKind = setting(
         "none", parse=parse_manager, doc="none | launchd | systemd | process | command"
     )
     label: str | None = setting(

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
-Manager = Literal["none", "launchd", "systemd", "process", "command"]
-MANAGERS: tuple[Manager, ...] = ("none", "launchd", "systemd", "process", "command")
+ManagerKind = Literal["none", "launchd", "systemd", "process", "command"]
+MANAGERS: tuple[ManagerKind, ...] = ("none", "launchd", "systemd", "process", "command")
 
 DEFAULT_URL = "http://127.0.0.1:8080"  # mlx_lm.server's own default
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -242,8 +242,8 @@ def one_of(value: object, choices: Sequence[str], where: str) -> str:
     raise ValueError(said)
 
 
-def parse_manager(value: object, where: str) -> Manager:
-    return cast(Manager, one_of(value, MANAGERS, where))
+def parse_manager(value: object, where: str) -> ManagerKind:
+    return cast(ManagerKind, one_of(value, MANAGERS, where))
 
 
 def parse_kind(value: object, where: str) -> str:

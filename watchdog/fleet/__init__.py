@@ -23,7 +23,7 @@ RUNBOOK = "docs/runbook.md"  # a section an alert; --runbook-base points them at
 def rules(runbook_base: str = RUNBOOK) -> str:
     """The rules file, each runbook_url its alert's section of the runbook at `runbook_base`."""
     base = runbook_base.rstrip("/")
-    if _CONTROL.search(base):
+    if _ESCAPES.search(base):
         raise ValueError(f"--runbook-base {base!r} holds a control character")
     # It lands in an annotation, a Go template: "{{" would open an action (promtool refuses
     # the file), so it is written as one that prints it. Then inside YAML double quotes:
@@ -38,13 +38,13 @@ def dashboard() -> str:
 
 
 NUMBERS = ("restarts_24h", "incidents_24h", "gave_up_24h", "budget_left")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # ANSI and OSC escapes start with these
+_ESCAPES = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # ANSI and OSC escapes start with these
 
 
 def clean(value: object, limit: int = 200) -> str:
     """Text from another machine, made safe to print: no control characters (no escape
     sequence reaches the terminal), at most `limit` characters."""
-    return _CONTROL.sub("", str(value))[:limit]
+    return _ESCAPES.sub("", str(value))[:limit]
 
 
 class Malformed(ValueError):

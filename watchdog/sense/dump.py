@@ -51,7 +51,7 @@ class Dump:
         return doc
 
 
-Run = Callable[..., "subprocess.CompletedProcess[str]"]
+RunCommand = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 def take(
@@ -59,7 +59,7 @@ def take(
     log_file: Path | None,
     *,
     budget: float = BUDGET,
-    run: Run = subprocess.run,
+    run: RunCommand = subprocess.run,
     mono: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
 ) -> Dump:
@@ -95,7 +95,7 @@ def stack_command(pid: int) -> list[str] | None:
 def stack_text(
     pid: int | None,
     timeout: float,
-    run: Run,
+    run: RunCommand,
     *,
     command: Callable[[int], list[str] | None] | None = None,
 ) -> tuple[str | None, str | None]:

@@ -44,7 +44,7 @@ BC_S_GE, BC_S_LE, BC_D_GE, BC_D_LE = 2, 3, 4, 5
 MAX_BYTES = 8 << 20  # the answer's cap: a port with more sockets than this is not a server's
 
 # The kernel's TCP states (include/net/tcp_states.h), as psutil names them.
-STATES = {
+TCP_STATES = {
     1: "ESTABLISHED",
     2: "SYN_SENT",
     3: "SYN_RECV",
@@ -57,7 +57,7 @@ STATES = {
     10: "LISTEN",
     11: "CLOSING",
 }
-WANTED = sum(1 << s for s in STATES if STATES[s] != "TIME_WAIT")  # no owner, never a client
+WANTED = sum(1 << s for s in TCP_STATES if TCP_STATES[s] != "TIME_WAIT")  # no owner, never a client
 
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _REQUEST = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states; then the 48-byte id
@@ -71,7 +71,7 @@ class Unavailable(Exception):
 
 
 @dataclass(frozen=True)
-class Address:
+class SocketAddress:
     """An (ip, port) pair as psutil's connections carry it."""
 
     ip: str
@@ -84,8 +84,8 @@ class Socket:
 
     family: int
     status: str
-    laddr: Address
-    raddr: Address | None
+    laddr: SocketAddress
+    raddr: SocketAddress | None
     inode: int
     received: int | None = None  # bytes received on it (its peer's request, for a server)
     quiet_ms: int | None = None  # since it last received data
@@ -140,12 +140,12 @@ def parse(data: bytes, seq: int) -> tuple[list[Socket], bool]:
         family, state, _, _ = _MESSAGE.unpack_from(data, start)
         sport, dport, src, dst = _ID.unpack_from(data, start + 4)
         inode = _TAIL.unpack_from(data, start + 52)[4]
-        if family not in (socket.AF_INET, socket.AF_INET6) or state not in STATES:
+        if family not in (socket.AF_INET, socket.AF_INET6) or state not in TCP_STATES:
             continue
-        remote = Address(_ip(family, dst), dport) if dport else None
+        remote = SocketAddress(_ip(family, dst), dport) if dport else None
         info = _info(data, start + 72, end)
-        local = Address(_ip(family, src), sport)
-        found.append(Socket(family, STATES[state], local, remote, inode, *info))
+        local = SocketAddress(_ip(family, src), sport)
+        found.append(Socket(family, TCP_STATES[state], local, remote, inode, *info))
     return found, False
 
 

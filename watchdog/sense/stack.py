@@ -1,6 +1,6 @@
 """The server's Python threads, sampled while a wedge is suspected: is the generation thread
 there, and where does it sit? At most one sample per EVERY seconds per server, each under
-TIMEOUT; when the tool is missing or not permitted the sample says why (never a guess).
+STACK_TIMEOUT; when the tool is missing or not permitted the sample says why (never a guess).
 
 py-spy's `dump` (0.4) prints, per thread:
 
@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mlx_watchdog.sense.dump import Run, stack_command, stack_text
+from mlx_watchdog.sense.dump import RunCommand, stack_command, stack_text
 from mlx_watchdog.sense.signs import StackSample, ThreadStack
 from mlx_watchdog.sense.text import printable
 
-TIMEOUT = 2.0  # s a sample may take
+STACK_TIMEOUT = 2.0  # s a sample may take
 EVERY = 30.0  # s between two samples of one server
 THREADS_MAX = 256
 FRAMES_MAX = 64
@@ -62,7 +62,7 @@ class Stacker:
     def __init__(
         self,
         *,
-        run: Run = subprocess.run,
+        run: RunCommand = subprocess.run,
         mono: Callable[[], float] = time.monotonic,
         every: float = EVERY,
         command: Callable[[int], list[str] | None] = stack_command,
@@ -86,7 +86,7 @@ class Stacker:
     def _take(self, pid: int | None) -> StackSample:
         argv = self.command(pid) if pid is not None else None
         tool = Path(argv[0]).name if argv else "py-spy"
-        text, problem = stack_text(pid, TIMEOUT, self.run, command=lambda _: argv)
+        text, problem = stack_text(pid, STACK_TIMEOUT, self.run, command=lambda _: argv)
         if text is None:
             return StackSample(None, problem, tool)
         if tool == "sample":

@@ -19,8 +19,8 @@ from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.record.private import UnsafeState, read_private
 from mlx_watchdog.sense.text import BadJson, load_json
 
-TIMEOUT = 5.0  # seconds for a whole answer
-MAX_ANSWER = 8 << 20  # a status document of many servers is some kB
+STATUS_TIMEOUT = 5.0  # seconds for a whole answer
+MAX_STATUS_ANSWER = 8 << 20  # a status document of many servers is some kB
 TOKEN_FILE = "api-token"
 DAEMON_FILE = "daemon.json"  # where the running daemon's endpoint is, for the CLI
 
@@ -80,9 +80,9 @@ def _request(
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     lines = [f"{method} {path} HTTP/1.0", f"Host: {parts.netloc}", "Content-Length: 0"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    deadline = time.monotonic() + TIMEOUT  # in all: a peer that trickles is cut off too
+    deadline = time.monotonic() + STATUS_TIMEOUT  # in all: a peer that trickles is cut off too
     try:
-        with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+        with socket.create_connection((host, port), timeout=STATUS_TIMEOUT) as sock:
             sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
             chunks: list[bytes] = []
             size = 0
@@ -90,16 +90,16 @@ def _request(
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DaemonNotRunning(
-                        f"the watchdog at {url} did not answer within {TIMEOUT:g}s"
+                        f"the watchdog at {url} did not answer within {STATUS_TIMEOUT:g}s"
                     )
                 sock.settimeout(left)
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
                 size += len(chunk)
-                if size > MAX_ANSWER:
+                if size > MAX_STATUS_ANSWER:
                     raise DaemonNotRunning(
-                        f"the watchdog at {url} sent more than {MAX_ANSWER} bytes"
+                        f"the watchdog at {url} sent more than {MAX_STATUS_ANSWER} bytes"
                     )
                 chunks.append(chunk)
     except OSError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 from mlx_watchdog.cycle.crew import NoSink
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.serving import GAP_PROBES
 from mlx_watchdog.record.store import Incident, Store
 from mlx_watchdog.record.tally import DAY, event_count
 
@@ -37,7 +38,6 @@ SEVERITY: tuple[str, ...] = (
 INCIDENTS_SHOWN = 10
 STRIP = 60  # the last probes, one mark each (a heartbeat bar)
 MONTH = 30 * DAY
-GAP_PROBES = 3  # probe intervals without a probe (or a token) after which nothing is drawn
 TOKEN_BUCKET = 60.0  # s: probes with a token are counted per minute (a day is 1,440 counts)
 
 

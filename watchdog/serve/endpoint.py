@@ -35,12 +35,12 @@ from mlx_watchdog.serve.page import HEADERS as PAGE_HEADERS
 log = logging.getLogger("mlx_watchdog")
 
 ACTIONS = ("restart", "drain", "undrain")
-MAX_BODY = 1024  # an action carries no body to speak of
+MAX_ACTION_BODY = 1024  # an action carries no body to speak of
 MAX_CONNECTIONS = 32
 IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing
 CONNECTION_LIFETIME = 30.0  # seconds a connection may last in all (a byte-a-second sender)
 KEEP_ALIVE = 20.0  # after this, an answer says "Connection: close": a keep-alive client reconnects
-BUSY = (
+TOO_MANY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
     b"Connection: close\r\nRetry-After: 1\r\n\r\ntoo many connections\n"
 )
@@ -179,8 +179,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return 411, "Content-Length is required"
         if not length.isascii() or not length.isdigit():
             return 400, f"Content-Length {length[:20]!r} is not a number of bytes"
-        if int(length) > MAX_BODY:
-            return 413, f"a body of at most {MAX_BODY} bytes"
+        if int(length) > MAX_ACTION_BODY:
+            return 413, f"a body of at most {MAX_ACTION_BODY} bytes"
         if int(length):
             self.rfile.read(int(length))
         return None
@@ -286,7 +286,7 @@ class _Server(http.server.ThreadingHTTPServer):
                 self._guard.wait_for(lambda: len(self._open) < MAX_CONNECTIONS, timeout=1.0)
             if len(self._open) >= MAX_CONNECTIONS:  # every one is a request under way
                 with contextlib.suppress(OSError):
-                    request.sendall(BUSY)
+                    request.sendall(TOO_MANY)
                 self.shutdown_request(request)
                 return
             self._open[request] = (time.monotonic(), True)

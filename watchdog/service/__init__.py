@@ -22,7 +22,7 @@ from mlx_watchdog.act.managers import System
 from mlx_watchdog.config import RestartSettings
 from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 
-Kind = Literal["launchd", "systemd"]
+ServiceKind = Literal["launchd", "systemd"]
 WATCHDOG_LABEL = "io.github.mlx-watchdog"
 WATCHDOG_UNIT = "mlx-watchdog.service"
 SERVER_ENV = ("HF_HOME", "HF_HUB_CACHE")  # where the server finds its models
@@ -58,10 +58,10 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Plan:
+class InstallPlan:
     """What an install or uninstall does: the file it writes or removes and the commands it runs."""
 
-    kind: Kind
+    kind: ServiceKind
     path: Path
     content: bytes | None  # None: remove the file
     steps: tuple[Step, ...]
@@ -86,26 +86,26 @@ class WatchdogJob:
 class Target(Protocol):
     """A service manager the watchdog installs into (launchd or systemd)."""
 
-    kind: Kind
+    kind: ServiceKind
     watchdog_label: str
 
     def server_label(self, name: str) -> str: ...
 
-    def watchdog_plan(self, job: WatchdogJob) -> Plan: ...
+    def watchdog_plan(self, job: WatchdogJob) -> InstallPlan: ...
 
     def server_plan(
         self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str
-    ) -> tuple[Plan, dict[str, Any]]: ...
+    ) -> tuple[InstallPlan, dict[str, Any]]: ...
 
-    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> Plan: ...
+    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> InstallPlan: ...
 
 
-def default_kind() -> Kind:
+def default_kind() -> ServiceKind:
     return "launchd" if sys.platform == "darwin" else "systemd"
 
 
 def target(
-    kind: Kind, system: System, *, system_wide: bool = False, preview: bool = False
+    kind: ServiceKind, system: System, *, system_wide: bool = False, preview: bool = False
 ) -> Target:
     """The target for `kind`; `system_wide` installs a LaunchDaemon or a system unit. A
     `preview` (--dry-run) is shown whoever asks: only doing it needs root."""
@@ -229,13 +229,13 @@ def no_placeholders(doc: Any) -> None:
 NO_BUS = "Failed to connect to bus"  # systemctl --user with no user manager running
 
 
-def apply(plan: Plan, system: System, timeout: float = 60.0) -> list[str]:
+def apply(plan: InstallPlan, system: System, timeout: float = 60.0) -> list[str]:
     """Write (or remove) the file, then run the steps; what was done, line by line.
 
     Removal runs the steps first (stop, then delete), installation writes first.
     """
     from mlx_watchdog.act.managers import wait_for
-    from mlx_watchdog.act.managers.launchd import BUSY, bootstrap, job_info
+    from mlx_watchdog.act.managers.launchd import BOOTSTRAP_BUSY, bootstrap, job_info
 
     done: list[str] = []
     for folder in plan.dirs:
@@ -258,7 +258,7 @@ def apply(plan: Plan, system: System, timeout: float = 60.0) -> list[str]:
             done[-1] = f"{' '.join(step.argv)}: no systemd user manager runs; nothing to stop"
             continue
         if code not in step.ok:
-            why = " (launchd was still tearing the old job down)" if code in BUSY else ""
+            why = " (launchd was still tearing the old job down)" if code in BOOTSTRAP_BUSY else ""
             if NO_BUS in out:
                 why = (
                     " (no systemd user manager runs for this user: no session and no lingering;"

@@ -19,9 +19,9 @@ from mlx_watchdog.service import (
     SERVER_ENV,
     STOP_BOUND,
     WATCHDOG_LABEL,
-    Kind,
-    Plan,
+    InstallPlan,
     ServiceError,
+    ServiceKind,
     Step,
     WatchdogJob,
     job_user,
@@ -39,7 +39,7 @@ SERVER_EXIT_TIMEOUT = 30
 class Launchd:
     """Installs into launchd: a LaunchAgent in the right domain, or a LaunchDaemon."""
 
-    kind: Kind = "launchd"
+    kind: ServiceKind = "launchd"
     watchdog_label = WATCHDOG_LABEL
 
     def __init__(self, system: System, *, system_wide: bool = False, preview: bool = False) -> None:
@@ -121,11 +121,11 @@ class Launchd:
         no_placeholders(plist)
         return plistlib.dumps(plist, sort_keys=False)
 
-    def _install(self, label: str, content: bytes, home: Path, owner: int | None) -> Plan:
+    def _install(self, label: str, content: bytes, home: Path, owner: int | None) -> InstallPlan:
         """Write the file, then load it; running it again replaces the job with the new file."""
         path = self._path(label, home)
         target = f"{self.domain}/{label}"
-        return Plan(
+        return InstallPlan(
             self.kind,
             path,
             content,
@@ -145,7 +145,7 @@ class Launchd:
             dirs_owner=owner,
         )
 
-    def watchdog_plan(self, job: WatchdogJob) -> Plan:
+    def watchdog_plan(self, job: WatchdogJob) -> InstallPlan:
         user, job_home, uid = self._user(job.env)
         home = job_home if self.system_wide else job.home
         content = self._render(
@@ -163,7 +163,7 @@ class Launchd:
 
     def server_plan(
         self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str
-    ) -> tuple[Plan, dict[str, Any]]:
+    ) -> tuple[InstallPlan, dict[str, Any]]:
         user, job_home, uid = self._user(env)
         home = job_home if self.system_wide else home
         label = server_label(name)
@@ -188,9 +188,9 @@ class Launchd:
         }
         return plan, entry
 
-    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> Plan:
+    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> InstallPlan:
         target = f"{self.domain}/{label}"
-        return Plan(
+        return InstallPlan(
             self.kind,
             self._path(label, home),
             None,

@@ -16,9 +16,9 @@ from mlx_watchdog.service import (
     SERVER_ENV,
     STOP_BOUND,
     WATCHDOG_UNIT,
-    Kind,
-    Plan,
+    InstallPlan,
     ServiceError,
+    ServiceKind,
     Step,
     WatchdogJob,
     job_user,
@@ -70,7 +70,7 @@ def quote(arg: str) -> str:
 class Systemd:
     """Installs into systemd: a user unit, or a system unit with `User=`."""
 
-    kind: Kind = "systemd"
+    kind: ServiceKind = "systemd"
     watchdog_label = WATCHDOG_UNIT
 
     def __init__(self, system: System, *, system_wide: bool = False, preview: bool = False) -> None:
@@ -129,7 +129,9 @@ class Systemd:
         no_placeholders(text)
         return text.encode()
 
-    def _install(self, label: str, content: bytes, env: Mapping[str, str], home: Path) -> Plan:
+    def _install(
+        self, label: str, content: bytes, env: Mapping[str, str], home: Path
+    ) -> InstallPlan:
         """Write the unit, then (re)start it: `enable --now` would keep an old process running."""
         hints: tuple[str, ...] = ()
         if not self.system_wide:
@@ -137,7 +139,7 @@ class Systemd:
                 "to keep it running while you are logged out, and start it at boot: "
                 "loginctl enable-linger " + (env.get("USER") or "$USER"),
             )
-        return Plan(
+        return InstallPlan(
             self.kind,
             self._path(label, env, home),
             content,
@@ -151,7 +153,7 @@ class Systemd:
             domain=self.domain,
         )
 
-    def watchdog_plan(self, job: WatchdogJob) -> Plan:
+    def watchdog_plan(self, job: WatchdogJob) -> InstallPlan:
         user, home = self._user(job.env, job.home)
         content = self._render(
             "mlx-watchdog",
@@ -165,7 +167,7 @@ class Systemd:
 
     def server_plan(
         self, *, name: str, args: Sequence[str], home: Path, env: Mapping[str, str], python: str
-    ) -> tuple[Plan, dict[str, Any]]:
+    ) -> tuple[InstallPlan, dict[str, Any]]:
         user, home = self._user(env, home)
         label = server_unit(name)
         content = self._render(
@@ -178,8 +180,8 @@ class Systemd:
         )
         return self._install(label, content, env, home), {"unit": label}
 
-    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> Plan:
-        return Plan(
+    def uninstall_plan(self, label: str, *, home: Path, env: Mapping[str, str]) -> InstallPlan:
+        return InstallPlan(
             self.kind,
             self._path(label, env, home),
             None,

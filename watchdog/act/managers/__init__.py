@@ -25,6 +25,8 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.process import ProcessTable
 from mlx_watchdog.sense.text import BadJson, load_json
 
+REPLACE_TIMEOUT = 15.0  # seconds a service manager has to replace the server's process
+
 
 class ManagerError(Exception):
     """A manager could not do what was asked; the message says what and why."""

@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_watchdog.act.managers import External, Outcome, System, wait_for
+from mlx_watchdog.act.managers import REPLACE_TIMEOUT, External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
-REPLACE_TIMEOUT = 15.0
 NOT_LOADED = frozenset({3, 113})  # "No such process", "Could not find service"
 IN_PROGRESS = 36  # bootout: "Operation now in progress"
-BUSY = frozenset({5, 37})  # bootstrap while the old job is torn down: I/O error, in progress
+BOOTSTRAP_BUSY = frozenset(
+    {5, 37}
+)  # bootstrap while the old job is torn down: I/O error, in progress
 EXIT_TIMEOUT = 20.0  # launchd's default ExitTimeOut
 BOOTSTRAP_RETRY = 30.0
 # The job's own lines are one tab deep; nested blocks (jetsam, endpoints) are deeper.
@@ -80,7 +81,7 @@ def bootstrap(system: System, domain: str, plist: Path) -> tuple[int, str]:
     pause = 0.5
     while True:
         code, out = system.run(["launchctl", "bootstrap", domain, str(plist)], timeout=30)
-        if code not in BUSY or system.mono() + pause > deadline or system.interrupted:
+        if code not in BOOTSTRAP_BUSY or system.mono() + pause > deadline or system.interrupted:
             said = f"launchctl bootstrap {domain} {plist}: exit {code}"
             return code, said if code == 0 else f"{said}: {_last(out)}"
         system.sleep(pause)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlx_watchdog.act.managers import External, Outcome, System, wait_for
+from mlx_watchdog.act.managers import REPLACE_TIMEOUT, External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
-
-REPLACE_TIMEOUT = 15.0
 
 
 class SystemdManager(External):
