@@ -116,7 +116,7 @@ class Case:
             parse_config(raw),
             wall=lambda: time.time() + self.wall_offset,
             machine=self.machine,
-        )
+        ).open()
         daemon = self.daemon
         self.thread = threading.Thread(
             target=lambda: daemon.run(install_signals=False), daemon=True

@@ -34,8 +34,8 @@ def main() -> int:
         root = Path(tmp)
         (root / "ok").mkdir()
         hanging, ok = BadByPidfile(root, "hang"), BadByPidfile(root / "ok", "ok")
-        wedged = Daemon(parse_config(config(hanging, root / "a")))
-        serving = Daemon(parse_config(config(ok, root / "b")))
+        wedged = Daemon(parse_config(config(hanging, root / "a"))).open()
+        serving = Daemon(parse_config(config(ok, root / "b"))).open()
         threads = [DaemonThread(wedged), DaemonThread(serving)]
         try:
             until(lambda: wedged.endpoint and serving.endpoint, 30, "both endpoints")

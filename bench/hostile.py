@@ -108,7 +108,7 @@ def read_edited(folder: Path, table: str, column: str, value: object) -> str:
         f'[[server]]\nname = "bad"\nurl = "http://127.0.0.1:{free_port()}"\n'
     )
     try:
-        daemon = Daemon(load_config(cfg), config_path=cfg)
+        daemon = Daemon(load_config(cfg), config_path=cfg).open()
     except Exception as exc:  # the finding: what `run` would exit with
         return f"run: {type(exc).__name__}: {exc}"
     failed = Failures()

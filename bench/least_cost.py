@@ -164,7 +164,7 @@ def one_mode(
     port = free_port()
     cfg = config(work, model, port, delay, least_cost, log=case != "default")
     url = cfg.servers[0].url
-    t = DaemonThread(Daemon(cfg))
+    t = DaemonThread(Daemon(cfg).open())
     try:
         until(lambda: healthy(t), delay + 120, "the server to serve")
         agent = long_prompt(7, words=1500)
@@ -230,7 +230,7 @@ def cancel_case(work: Path, least_cost: bool) -> dict[str, Any]:
         "restart": {"max_restarts": 5, "backoff": "1s", "least_cost": least_cost},
     }
     doc = {"watchdog": {"interval": "500ms", "listen": "127.0.0.1:0", "state_dir": str(work)}}
-    t = DaemonThread(Daemon(parse_config({**doc, "server": [server]})))
+    t = DaemonThread(Daemon(parse_config({**doc, "server": [server]})).open())
     url = server["url"]
     try:
         until(lambda: healthy(t), 60, "the server to serve")
@@ -266,7 +266,7 @@ def retry_loop(work: Path, model: Path) -> str:
     port = free_port()
     cfg = config(work, model, port, 0.0, True)
     url = cfg.servers[0].url
-    t = DaemonThread(Daemon(cfg))
+    t = DaemonThread(Daemon(cfg).open())
     try:
         until(lambda: healthy(t), 120, "the server to serve")
         # About 27k tokens: seconds of prefill left when its client gives up at 3 s, on a fast
@@ -349,7 +349,7 @@ def seed_case(
             )
             until(lambda: tiny_request(url, 5.0), delay + 120, "the server to serve")
         else:
-            t = DaemonThread(Daemon(cfg))
+            t = DaemonThread(Daemon(cfg).open())
             until(lambda: healthy(t), delay + 120, "the server to serve")
         if words == 0:
             words = seed_words(url, deadline * 1.8)

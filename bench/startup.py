@@ -146,7 +146,7 @@ total = int(sys.argv[2])
 # The clocks advance one interval a tick, as in a real run: what is kept for an hour (TTFTs
 # for status) fills as it would, not with 10,000 probes crammed into a few minutes.
 clock = [1.8e9, 1e6]
-daemon = Daemon(config, wall=lambda: clock[0], mono=lambda: clock[1])
+daemon = Daemon(config, wall=lambda: clock[0], mono=lambda: clock[1]).open()
 proc = psutil.Process()
 first = min(1000, max(1, total // 10))
 marks = {}
@@ -156,7 +156,7 @@ for i in range(1, total + 1):
     daemon.tick("bad")
     if i in (first, total):
         marks[i] = round(proc.memory_info().rss / 2**20, 2)
-daemon.store.close()
+daemon.close()
 print(json.dumps({"rss_mib_at": marks, "growth_mib": round(marks[total] - marks[first], 2)}))
 """
 

@@ -54,7 +54,7 @@ def main() -> None:
         bad = BadByPidfile(folder, "hang")
         try:
             server = command_server(bad.url, bad.pidfile, bad.port)
-            daemon = Daemon(parse_config(watchdog_config(folder / "state", [server])))
+            daemon = Daemon(parse_config(watchdog_config(folder / "state", [server]))).open()
             moves: list[tuple[str, str]] = []
 
             def profile(frame: FrameType, event: str, arg: Any) -> None:
@@ -77,7 +77,7 @@ def main() -> None:
             else:
                 raise SystemExit("no restart within 200 ticks")
             daemon.cycles["bad"].checker.abort()
-            daemon.store.close()
+            daemon.close()
         finally:
             bad.kill()
     climbs = [(a, b) for a, b in moves if RANK[b.split(".")[0]] < RANK[a.split(".")[0]]]

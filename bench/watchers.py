@@ -230,7 +230,7 @@ class MlxWatchdog:
                 ],
             }
         )
-        daemon = Daemon(config)
+        daemon = Daemon(config).open()
         watch = daemon.cycles["bench"]
         watch.manager = BoxManager(self.box)  # type: ignore[assignment]
         original = watch.emit

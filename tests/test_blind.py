@@ -69,7 +69,7 @@ def blind_daemon(
         sent.append((title, body))
         return True
 
-    daemon = Daemon(config, mono=mono, notify=notify)
+    daemon = Daemon(config, mono=mono, notify=notify).open()
     # A part every tick goes through (the process is looked at every few seconds only while
     # the server answers at once, so it would not fail every tick).
     checker = daemon.cycles["bad"].checker
@@ -77,7 +77,7 @@ def blind_daemon(
     checker.observe = table  # type: ignore[method-assign]
     yield daemon, table, mono, sent
     daemon.cycles["bad"].checker.abort()
-    daemon.store.close()
+    daemon.close()
 
 
 def test_a_failing_tick_is_blindness_said_once_and_ended_by_a_fresh_verdict(

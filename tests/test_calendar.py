@@ -201,7 +201,7 @@ def test_maintenance_calibrates_an_idle_server_and_asks_for_a_planned_restart(
         "maintenance_restart": True,
     }
     config = parse_config(watchdog_config(tmp_path / "state", [server], interval="300ms"))
-    daemon = Daemon(config, maintain=maintain)
+    daemon = Daemon(config, maintain=maintain).open()
     t = run_daemon(daemon)
     w = daemon.cycles["bad"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
@@ -230,7 +230,7 @@ def test_maintenance_is_skipped_while_clients_are_served(
 ) -> None:
     config = parse_config(idle_config(tmp_path, hanging, maintenance="04:00"))
     calls: list[str] = []
-    daemon = Daemon(config, maintain=lambda s, st: calls.append("x") or "")
+    daemon = Daemon(config, maintain=lambda s, st: calls.append("x") or "").open()
     run_daemon(daemon)
     w = daemon.cycles["bad"]
     until(lambda: w.verdict is not None, 30, "a verdict")

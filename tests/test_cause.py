@@ -477,7 +477,7 @@ def test_a_gpu_reset_is_named_and_cured_by_a_restart(
         "command": badserver_argv(port, "ok"),
         "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10s"},
     }
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
     w = t.daemon.cycles["g"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "it serves")
     pid = w.manager.pid()
@@ -584,7 +584,7 @@ def test_a_throttled_prefill_is_named_with_the_key_to_set(
     store = Store(state / "history.db")
     store.save_calibration("t", time.time(), {"fit": {"a": 0.1, "b": 1 / 2000, "c": 0.0}})
     store.close()
-    t = run_daemon(Daemon(parse_config(watchdog_config(state, [server], interval="300ms"))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(state, [server], interval="300ms"))).open())
     w = t.daemon.cycles["t"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "it serves")
     from mlx_watchdog.demo.run import send
@@ -655,7 +655,7 @@ def test_one_wedged_model_is_unloaded_and_the_server_kept(
     (keep_alive 0 cannot unload a model with a request in flight), not the server."""
     port = free_port()
     server = ollama_like(tmp_path, port)
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
     w = t.daemon.cycles["o"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "it serves")
     pid = w.manager.pid()

@@ -59,7 +59,7 @@ def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
     tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
 ) -> None:
     port = free_port()
-    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))).open())
     until(lambda: healthy(t), 30, "the server to serve")
     w = t.daemon.cycles["owned"]
     pid = w.manager.pid()
@@ -104,7 +104,7 @@ def test_a_prefill_that_stops_stepping_is_restarted_and_the_restart_measured(
     # prefill stops at 30% (3 s), its process idle from then: three idle looks (or 10 s
     # without a step) end the wait first.
     extra = ("--rate", "4000", "--stall-at", "0.3")
-    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port, *extra))))
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port, *extra))).open())
     until(lambda: healthy(t), 30, "the server to serve")
     w = t.daemon.cycles["owned"]
     first = w.manager.pid()
@@ -148,7 +148,7 @@ def test_a_client_resending_the_same_prompt_is_named_a_retry_loop_in_numbers(
     tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
 ) -> None:
     port = free_port()
-    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))).open())
     until(lambda: healthy(t), 30, "the server to serve")
     for n in (1, 2, 3):
         assert send(f"http://127.0.0.1:{port}", LONG, timeout=1.0) == "gave up"
@@ -190,7 +190,7 @@ def test_the_abandoned_request_is_cancelled_through_the_servers_route_not_restar
     tmp_path: Path, run_daemon: Callable[[object], DaemonThread], kind: str
 ) -> None:
     port = free_port()
-    t = run_daemon(Daemon(parse_config(cancel_config(tmp_path, port, kind))))
+    t = run_daemon(Daemon(parse_config(cancel_config(tmp_path, port, kind))).open())
     until(lambda: healthy(t), 30, "the server to serve")
     w = t.daemon.cycles["owned"]
     pid = w.manager.pid()
@@ -217,7 +217,7 @@ def test_a_cancel_the_server_refuses_ends_in_a_restart_that_says_so(
     """vllm-mlx by kind, but its status route answers garbage: no id to cancel, a restart."""
     port = free_port()
     doc = cancel_config(tmp_path, port, "vllm-mlx")
-    t = run_daemon(Daemon(parse_config(doc)))
+    t = run_daemon(Daemon(parse_config(doc)).open())
     until(lambda: healthy(t), 30, "the server to serve")
     w = t.daemon.cycles["owned"]
     first = w.manager.pid()
@@ -239,7 +239,7 @@ def test_least_cost_off_restarts_a_wedge_that_waiting_would_clear(
     port = free_port()
     doc = prefill_config(tmp_path, port)
     doc["server"][0]["restart"]["least_cost"] = False  # type: ignore[index]
-    t = run_daemon(Daemon(parse_config(doc)))
+    t = run_daemon(Daemon(parse_config(doc)).open())
     until(lambda: healthy(t), 30, "the server to serve")
     assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.3) == "gave up"
     until(lambda: "recovered" in kinds(t), 30, "the server restarted")
@@ -259,7 +259,7 @@ def test_a_live_client_queued_behind_is_served_after_a_cancel_not_a_restart(
     port = free_port()
     doc = cancel_config(tmp_path, port, "vllm-mlx")
     doc["server"][0]["probe"]["wedge_after"] = "3s"  # type: ignore[index]
-    t = run_daemon(Daemon(parse_config(doc)))
+    t = run_daemon(Daemon(parse_config(doc)).open())
     until(lambda: healthy(t), 30, "the server to serve")
     w = t.daemon.cycles["owned"]
     pid = w.manager.pid()
@@ -290,7 +290,7 @@ def test_the_servers_own_start_is_its_restart_cost_until_a_restart_is_measured(
     doc = prefill_config(tmp_path, port)
     for leftover in (tmp_path / "state").glob("history.db*"):
         leftover.unlink()  # no earlier restarts
-    t = run_daemon(Daemon(parse_config(doc)))
+    t = run_daemon(Daemon(parse_config(doc)).open())
     until(lambda: healthy(t), 30, "the server to serve")
     w = t.daemon.cycles["owned"]
     cost = w.tally.restart_cost()
@@ -311,7 +311,7 @@ def test_a_metal_error_during_the_wait_ends_it_in_a_restart_at_once(
     write that), says it cannot, and the wait becomes a restart that names the line. The line
     alone, the prefill still working, is what any client can have logged: the wait goes on."""
     port = free_port()
-    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))))
+    t = run_daemon(Daemon(parse_config(prefill_config(tmp_path, port))).open())
     until(lambda: healthy(t), 30, "the server to serve")
     assert send(f"http://127.0.0.1:{port}", LONG, timeout=0.5) == "gave up"
     until(lambda: "clearing" in kinds(t), 30, "a wait for the abandoned prefill")

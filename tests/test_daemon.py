@@ -47,7 +47,7 @@ def test_permanent_wedge_is_healed_through_the_command_manager(
     argv, hook_out = hook
     wedged_pid = hanging.pid()
     config = parse_config(command_config(tmp_path, hanging, alerts=[receiver.url()], hook=argv))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     store = t.daemon.store
     until(lambda: any(i.closed_at for i in store.incidents(0.0)), 30, "the incident to close")
     (incident,) = store.incidents(0.0)
@@ -76,7 +76,7 @@ def test_a_wedge_restarted_into_the_same_wedge_is_one_incident_and_no_client_lef
     server["restart_command"][-2] = "hang"  # restarted, it hangs again
     server["probe"] = {**QUICK_TOML, "startup_grace": "1500ms"}
     server["restart"] = {"max_restarts": 2, "backoff": "200ms", "command_timeout": "1m"}
-    t = run_daemon(Daemon(parse_config(raw)))
+    t = run_daemon(Daemon(parse_config(raw)).open())
     store = t.daemon.store
     until(lambda: store.hold_reason("bad"), 60, "the budget to be spent")
     time.sleep(2.0)  # ticks go on while held: starting, then slow with no token, then wedged
@@ -121,7 +121,7 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
             ],
         }
     )
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     store = t.daemon.store
     until(lambda: store.hold_reason("loop"), 30, "the budget to be spent")
     assert [r.outcome for r in store.restarts("loop", 0.0)] == ["failed", "failed"]
@@ -234,7 +234,7 @@ def test_a_stop_mid_restart_ends_it_and_records_it_as_interrupted(
     the restart command. The bound is injected: 1 s here, 20 s in a real run."""
     caplog.set_level("INFO", "mlx_watchdog")
     config = parse_config(command_config(tmp_path, hanging, delay=600.0))  # a restart that hangs
-    daemon = Daemon(config, stop_timeout=1.0)
+    daemon = Daemon(config, stop_timeout=1.0).open()
     db = tmp_path / "state" / "history.db"
     running = tmp_path / "state" / "commands.json"
     t = run_daemon(daemon)
@@ -389,7 +389,7 @@ def test_reloads_keep_each_servers_job_and_restart_only_for_a_new_command(
     }
     cfg = tmp_path / "w.toml"
     cfg.write_text(toml(raw))
-    daemon = Daemon(parse_config(raw), config_path=cfg)
+    daemon = Daemon(parse_config(raw), config_path=cfg).open()
     inside: dict[str, int] = {}
     most = [0]
     lock = threading.Lock()
@@ -474,14 +474,14 @@ def test_a_killed_daemons_probe_is_no_client_of_the_next_one(
         10,
         "its probe left in CLOSE_WAIT",
     )
-    second = Daemon(parse_config(raw))
+    second = Daemon(parse_config(raw)).open()
     try:
         sample = second.cycles["bad"].checker.observe(hanging.pid())
         assert sample.process.abandoned == 0, sample.process.clients
         assert second.cycles["bad"].checker.inspector.gave_up == 0
     finally:
         second.cycles["bad"].checker.abort()
-        second.store.close()
+        second.close()
 
 
 def test_a_bad_config_under_a_service_waits_for_the_fix_instead_of_a_respawn_loop(
@@ -555,7 +555,7 @@ def test_reloads_that_change_settings_do_not_probe_sooner(
     }
     cfg = tmp_path / "w.toml"
     cfg.write_text(toml(raw))
-    daemon = Daemon(parse_config(raw), config_path=cfg)
+    daemon = Daemon(parse_config(raw), config_path=cfg).open()
     ticks: list[float] = []
     tick = daemon.tick
 
@@ -575,3 +575,23 @@ def test_reloads_that_change_settings_do_not_probe_sooner(
         time.sleep(0.05)
     spent = time.monotonic() - began
     assert len(ticks) - first <= spent / 1.0 + 2, (len(ticks) - first, spent)
+
+
+def test_a_daemon_is_built_for_nothing_and_opened_and_closed_in_reverse(tmp_path: Path) -> None:
+    """Building a daemon touches nothing; `open()` takes the state folder's lock and the
+    history, `close()` gives both back (a second daemon then opens the same folder), and a
+    daemon used as a context manager closes on the way out."""
+    from mlx_watchdog.record.private import AlreadyRunning
+
+    state = tmp_path / "state"
+    config = parse_config({"watchdog": {"state_dir": str(state)}})
+    built = Daemon(config)
+    assert not state.exists() and built.cycles == {}
+    with built as opened:
+        assert opened is built and list(opened.cycles) and (state / "history.db").exists()
+        with pytest.raises(AlreadyRunning):
+            Daemon(config).open()
+        opened.open()  # a second open is no second lock
+    with Daemon(config) as again:
+        assert again.store.problem is None
+    again.close()  # closed already: nothing to undo

@@ -81,7 +81,7 @@ def test_abandoned_wedge_is_healed_once_and_reported(
 ) -> None:
     argv, hook_out = hook
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [receiver.url()], argv))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     w = t.daemon.cycles["tiny"]
     first_pid = w.manager.pid()
@@ -153,7 +153,7 @@ def test_an_abandoned_prefill_is_waited_for_and_more_behind_it_within_the_restar
     # few seconds is the cost, and a restart is cheaper than any wait.
     restarts_took(tmp_path / "state", "tiny", 30.0)
     config = parse_config(doc)
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     w = t.daemon.cycles["tiny"]
     first_pid = w.manager.pid()
@@ -212,7 +212,7 @@ def test_the_seeds_loop_ends_an_agent_that_resends_its_prompt_is_served_with_no_
     del server["log_file"]
     server["probe"]["wedge_after"] = "3s"
     config = parse_config(doc)
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     url = config.servers[0].url
     deadline = 4.0
@@ -259,7 +259,7 @@ def test_no_client_can_name_a_cause_by_writing_into_the_servers_log(
     doc = process_config(tmp_path, tiny_model, hf_cache, [], [])
     restarts_took(tmp_path / "state", "tiny", 30.0)  # a large model's restart: worth a wait
     config = parse_config(doc)
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     url = config.servers[0].url
     assert send(url, long_prompt(41, words=4000), timeout=2.0) == "gave up"
@@ -290,7 +290,7 @@ def test_a_patient_client_is_not_restarted(
     run_daemon: Callable[[object], DaemonThread],
 ) -> None:
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     outcome: list[str] = []
     client = threading.Thread(
@@ -318,7 +318,7 @@ def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
     config_file = tmp_path / "config.toml"
     config_file.write_text(to_toml(effective(config)))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     outcome: list[str] = []
     client = threading.Thread(
@@ -358,7 +358,7 @@ def test_kill_9_of_the_owned_server_is_served_again_at_once(
     raw = process_config(tmp_path, tiny_model, hf_cache, [], [])
     raw["server"][0]["probe"]["startup_grace"] = "10m"  # type: ignore[index]
     config = parse_config(raw)
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     w = t.daemon.cycles["tiny"]
     first = w.manager.pid()
@@ -388,7 +388,7 @@ def test_a_drill_beside_the_daemon_sees_its_restart_and_asks_for_none(
     config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
     config_file = tmp_path / "config.toml"
     config_file.write_text(to_toml(effective(config)))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     drill = mlx_watchdog(
         "drill",
@@ -432,7 +432,7 @@ def test_a_dead_generation_thread_is_named_restarted_at_once_and_reported(
     port = int(server["url"].rsplit(":", 1)[1])
     server["command"] = server_command(tiny_model, port, serial=False)
     config = parse_config(raw)
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
     w = t.daemon.cycles["tiny"]
     first = w.manager.pid()

@@ -92,7 +92,7 @@ def test_a_wedge_is_healed_through_the_service_manager(
     port = free_port()
     keys = install_job(kind, fake_services, tmp_path, port)
     first = until(lambda: listener(port), 10, "the job to listen")
-    t = run_daemon(Daemon(config(tmp_path, port, keys)))
+    t = run_daemon(Daemon(config(tmp_path, port, keys)).open())
     store = t.daemon.store
     until(lambda: any(i.closed_at for i in store.incidents(0.0)), 30, "the first incident to close")
     incident = store.incidents(0.0)[0]
@@ -123,7 +123,7 @@ def test_a_pid_that_is_not_the_server_is_never_signalled(
     cfg = config(
         tmp_path, port, keys, (receiver.url(),), match="mlx_lm"
     )  # the job runs badserver.py, not mlx_lm
-    t = run_daemon(Daemon(cfg))
+    t = run_daemon(Daemon(cfg).open())
     store = t.daemon.store
     until(lambda: any(e.kind == "refused" for e in store.events()), 30, "the refusal")
     t.daemon.alerter.flush()

@@ -66,7 +66,7 @@ def endpoint(
     config = two_servers(
         tmp_path_factory.mktemp("endpoint"), module_bad_server("ok"), module_bad_server("hang")
     )
-    t = DaemonThread(Daemon(config))
+    t = DaemonThread(Daemon(config).open())
     e = Endpoint(t)
 
     def state(name: str) -> str | None:
@@ -161,7 +161,7 @@ def test_binds_loopback_by_default(
     assert (config.watchdog.listen_host, config.watchdog.listen_port) == ("127.0.0.1", 9464)
     # The default host, on a free port so a watchdog already running here is not disturbed.
     config = replace(config, watchdog=replace(config.watchdog, listen_port=0))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     e = Endpoint(t)
     assert e.daemon.endpoint is not None and e.daemon.endpoint.server_address[0] == "127.0.0.1"
 
@@ -173,7 +173,7 @@ def test_manual_restart_goes_through_the_restart_path(
     try:
         raw = command_config(tmp_path, ok)
         raw["watchdog"]["listen"] = "127.0.0.1:0"  # type: ignore[index]
-        t = run_daemon(Daemon(parse_config(raw)))
+        t = run_daemon(Daemon(parse_config(raw)).open())
         e = Endpoint(t)
         until(lambda: e.get("/healthz/bad").status_code == 200, 20, "healthy")
         before = ok.pid()
@@ -412,7 +412,7 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
     config = parse_config(
         watchdog_config(state, [{"name": "s", "url": srv.url, "match": "badserver"}])
     )
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: t.daemon.cycles["s"].verdict is not None, 20, "a verdict")
     assert t.daemon.endpoint is None, "no endpoint serves with a token it cannot trust"
     t.stop()
@@ -422,7 +422,7 @@ def test_a_state_folder_others_can_write_is_refused_and_planted_links_are_not_be
     (state / "daemon.json").unlink(missing_ok=True)
     (state / "daemon.json").symlink_to(victim)
 
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     e = Endpoint(t)
     assert victim.read_text() == "precious\n", "the record was written through a planted link"
     assert not (state / "daemon.json").is_symlink()
@@ -467,7 +467,7 @@ def test_beyond_loopback_status_and_metrics_need_the_token(
     )
     wanted = "/status, /metrics, the status page and the actions need the token"
     assert any(wanted in w for w in config.warnings)
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     e = Endpoint(t)
     until(lambda: t.daemon.cycles["s"].verdict is not None, 20, "a verdict")
     bearer = {"Authorization": f"Bearer {e.token}"}
@@ -591,7 +591,7 @@ def test_restarts_asked_for_at_the_same_moment_are_one_restart(
     try:
         raw = command_config(tmp_path, ok)
         raw["watchdog"]["listen"] = "127.0.0.1:0"  # type: ignore[index]
-        t = run_daemon(Daemon(parse_config(raw)))
+        t = run_daemon(Daemon(parse_config(raw)).open())
         e = Endpoint(t)
         until(lambda: e.get("/healthz/bad").status_code == 200, 20, "healthy")
         go = threading.Barrier(8)

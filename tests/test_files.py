@@ -129,7 +129,7 @@ def test_the_daemon_serves_its_endpoint_with_a_fifo_for_a_log(
             ],
         }
     )
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     until(lambda: t.daemon.endpoint is not None, 20, "the endpoint")
     assert t.daemon.endpoint is not None
     url = f"http://127.0.0.1:{t.daemon.endpoint.server_address[1]}"

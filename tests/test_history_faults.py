@@ -53,7 +53,7 @@ def test_a_locked_history_stalls_no_tick_buys_no_restart_and_loses_nothing(
     server["restart_command"][-2] = "hang"  # restarted, it hangs again: the budget decides
     server["probe"] = {**QUICK_TOML, "startup_grace": "1500ms"}
     server["restart"] = {"max_restarts": 1, "window": "1h", "backoff": "200ms"}
-    daemon = Daemon(parse_config(raw))
+    daemon = Daemon(parse_config(raw)).open()
     w = daemon.cycles["bad"]
     ticks: list[tuple[float, float, bool]] = []  # began, ended, whether it restarted
     real_tick = daemon.tick
@@ -137,7 +137,7 @@ def test_a_truncated_shm_file_beside_the_history_harms_nothing(
 ) -> None:
     """WAL maps history.db-shm into memory, and a truncated one was SIGBUS (exit 135); the
     daemon no longer maps it, and a planted one is not read."""
-    t = run_daemon(Daemon(parse_config(command_config(tmp_path, hanging))))
+    t = run_daemon(Daemon(parse_config(command_config(tmp_path, hanging))).open())
     db = tmp_path / "state" / "history.db"
     until(lambda: t.daemon.store.probes("bad", 0.0), 10, "a probe row")
     shm = db.with_name("history.db-shm")
@@ -197,7 +197,7 @@ def test_text_where_the_history_holds_numbers_is_left_unread(
                 (now - 600,),
             )
         con.close()
-        t = run_daemon(Daemon(config))
+        t = run_daemon(Daemon(config).open())
         cycle = t.daemon.cycles["bad"]
         until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 20, "healthy")
         assert t.daemon.store.ttfts("bad", 0.0)[0] == (now - 30, 0.3)  # the readable one
@@ -240,7 +240,7 @@ def test_a_hand_edited_history_stops_no_reader(
         con.close()
         cfg = tmp_path / "config.toml"
         cfg.write_text(to_toml(effective(config)))
-        t = run_daemon(Daemon(config))
+        t = run_daemon(Daemon(config).open())
         cycle = t.daemon.cycles["bad"]
         until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 20, "healthy")
         port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]

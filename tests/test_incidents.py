@@ -107,7 +107,7 @@ def test_a_sleep_or_clock_jump_is_not_a_wedge(
     server["probe"] = {"slow_after": "1s", "wedge_after": "10s"}
     raw["watchdog"]["interval"] = "5s"  # type: ignore[index]
     clocks = Clocks()
-    daemon = Daemon(parse_config(raw), wall=lambda: clocks.wall, mono=lambda: clocks.mono)
+    daemon = Daemon(parse_config(raw), wall=lambda: clocks.wall, mono=lambda: clocks.mono).open()
     try:
         assert daemon.tick("bad") is None  # the probe is out, too early to tell
         until(lambda: daemon.cycles["bad"].checker.inspector.sample().live == 1, 5, "the probe")
@@ -123,7 +123,7 @@ def test_a_sleep_or_clock_jump_is_not_a_wedge(
             assert verdict.evidence.waited_s == pytest.approx(11.0)
     finally:
         daemon.cycles["bad"].checker.abort()
-        daemon.store.close()
+        daemon.close()
 
 
 # -- an owned server that crashes is respawned at once ---------------------------------------
@@ -158,7 +158,7 @@ def test_a_crashed_child_is_respawned_without_waiting_for_startup_grace(
             ],
         }
     )
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     w = t.daemon.cycles["owned"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
     first = w.manager.pid()
@@ -190,7 +190,7 @@ def test_a_locked_history_during_a_wedge_announces_it_once_and_closes_it(
 ) -> None:
     monkeypatch.setattr(db_module, "BUSY_TIMEOUT", 0.05)
     kinds: list[str] = []
-    daemon = Daemon(parse_config(command_config(tmp_path, hanging)))
+    daemon = Daemon(parse_config(command_config(tmp_path, hanging))).open()
     daemon.crew.sink = Kinds(kinds)
     other = sqlite3.connect(str(tmp_path / "state" / "history.db"), isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")  # another process holds the history for the whole wedge
@@ -260,7 +260,7 @@ def test_every_phase_is_reachable_and_left_and_illegal_moves_are_refused(tmp_pat
     assert {a for a, _ in TRANSITIONS} == set(Phase) == {b for _, b in TRANSITIONS}
     assert (Phase.NORMAL, Phase.HELD) not in TRANSITIONS  # a hold follows a failing incident
     assert (Phase.HELD, Phase.FAILING) not in TRANSITIONS  # only a token or a person ends it
-    daemon = Daemon(parse_config({"watchdog": {"state_dir": str(tmp_path)}}))
+    daemon = Daemon(parse_config({"watchdog": {"state_dir": str(tmp_path)}})).open()
     try:
         w = next(iter(daemon.cycles.values()))
         with pytest.raises(AssertionError, match="no budget_spent move normal -> held"):
@@ -269,7 +269,7 @@ def test_every_phase_is_reachable_and_left_and_illegal_moves_are_refused(tmp_pat
         w.transition(Phase.RESTARTING, "restarting", "a person asked")
         assert w.restarting and [e.kind for e in daemon.store.events()] == ["restarting"]
     finally:
-        daemon.store.close()
+        daemon.close()
 
 
 def test_a_hold_without_an_open_incident_opens_one_and_stays_held(tmp_path: Path) -> None:
@@ -287,7 +287,7 @@ def test_a_hold_without_an_open_incident_opens_one_and_stays_held(tmp_path: Path
         "watchdog": {"state_dir": str(state)},
         "server": [{"name": "s", "url": f"http://127.0.0.1:{free_port()}"}],
     }
-    daemon = Daemon(parse_config(raw))
+    daemon = Daemon(parse_config(raw)).open()
     try:
         w = daemon.cycles["s"]
         assert w.phase is Phase.HELD and w.incident is None
@@ -297,4 +297,4 @@ def test_a_hold_without_an_open_incident_opens_one_and_stays_held(tmp_path: Path
         daemon.store.flush(5.0)
         assert [e.kind for e in daemon.store.events("s")] == ["detected"]
     finally:
-        daemon.store.close()
+        daemon.close()

@@ -116,7 +116,7 @@ def test_the_daemon_waits_out_an_abandoned_prefill_of_a_unit_read_from_its_journ
         "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
         "restart": {"max_restarts": 3, "backoff": "1s"},
     }
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
     w = t.daemon.cycles["unit"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "serving")
     pid = w.manager.pid()

@@ -156,7 +156,7 @@ def test_the_daemon_runs_and_heals_a_real_llama_server(
         }
     )
     assert config.servers[0].match == "llama-server"
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     w = t.daemon.cycles["llama"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 60, "healthy")
     assert w.verdict is not None and w.verdict.evidence.server_report is not None

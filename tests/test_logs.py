@@ -69,11 +69,11 @@ def test_the_daemon_rotates_each_server_log_file(tmp_path: Path) -> None:
             "server": [{"url": "http://127.0.0.1:1", "log_file": str(log)}],
         }
     )
-    daemon = Daemon(config)
+    daemon = Daemon(config).open()
     try:
         daemon.rotate_logs()
     finally:
-        daemon.store.close()
+        daemon.close()
     assert log.read_bytes() == b"" and (tmp_path / "server.log.1").stat().st_size == 3000
 
 

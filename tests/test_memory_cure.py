@@ -287,7 +287,7 @@ def test_a_server_wedged_under_memory_pressure_is_stopped_and_started_when_memor
         "restart": {"max_restarts": 3, "backoff": "1s", "least_cost": False},
     }
     config = parse_config(watchdog_config(tmp_path / "state", [srv], interval="300ms"))
-    t = run_daemon(Daemon(config, machine=machine))
+    t = run_daemon(Daemon(config, machine=machine).open())
     cycle = t.daemon.cycles["m"]
     until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 30, "serving")
     first.append(until(lambda: cycle.manager.pid(), 5, "its PID"))
@@ -335,7 +335,7 @@ def test_a_server_removed_by_a_reload_while_its_restart_waits_is_left_running_by
     raw = watchdog_config(tmp_path / "state", [srv, other], interval="300ms")
     cfg = tmp_path / "config.toml"
     cfg.write_text(to_toml(effective(parse_config(raw))))
-    t = run_daemon(Daemon(parse_config(raw), config_path=cfg, machine=machine))
+    t = run_daemon(Daemon(parse_config(raw), config_path=cfg, machine=machine).open())
     cycle = t.daemon.cycles["m"]
     until(lambda: cycle.verdict is not None and cycle.verdict.state == "healthy", 30, "serving")
     first = until(lambda: cycle.manager.pid(), 5, "its PID")
@@ -390,7 +390,7 @@ def test_a_server_a_killed_watchdog_left_stopped_is_started_at_once_by_the_next(
         "probe": {"slow_after": "500ms", "wedge_after": "1s", "startup_grace": "10m"},
         "restart": {"backoff": "1s"},  # the budget's pause after the predecessor's restart
     }
-    t = run_daemon(Daemon(parse_config(watchdog_config(state, [srv], interval="300ms"))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(state, [srv], interval="300ms"))).open())
     until(lambda: listening(port), 30, "the unit started again")
     store = t.daemon.store
     until(lambda: [r.outcome for r in store.restarts("m", 0.0)][-1:] == ["recovered"], 30, "cured")

@@ -249,7 +249,9 @@ def test_open_starts_the_browser_on_the_page(
     settings = {"interval": "200ms", "listen": f"{listen}:0", "state_dir": str(state)}
     server = {"name": "s", "url": bad_server("ok").url, "match": "badserver"}
     t = run_daemon(
-        Daemon(parse_config({"watchdog": {**settings, "open_routes": opened}, "server": [server]}))
+        Daemon(
+            parse_config({"watchdog": {**settings, "open_routes": opened}, "server": [server]})
+        ).open()
     )
     until(lambda: (state / "daemon.json").exists(), 10, "the endpoint")
     port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]
@@ -284,7 +286,7 @@ def test_open_with_no_browser_prints_where_the_page_is(
 ) -> None:
     state = tmp_path / "state"
     server = {"name": "s", "url": bad_server("ok").url, "match": "badserver"}
-    run_daemon(Daemon(parse_config(watchdog_config(state, [server]))))
+    run_daemon(Daemon(parse_config(watchdog_config(state, [server]))).open())
     until(lambda: (state / "daemon.json").exists(), 10, "the endpoint")
     failing = tmp_path / "nobrowser"
     failing.write_text("#!/bin/sh\nexit 1\n")
@@ -350,7 +352,7 @@ def test_the_page_asked_for_hard_does_not_slow_the_probing(
         lambda store, server, *a: reads.append(server) or real_read(store, server, *a),
     )
     server = {"name": "s", "url": bad_server("ok").url, "match": "badserver"}
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
     until(lambda: t.daemon.endpoint is not None and t.daemon.cycles["s"].verdict, 20, "a verdict")
     t.daemon.days.fresh_s = 1.0
     port = t.daemon.endpoint.server_address[1]  # type: ignore[union-attr]

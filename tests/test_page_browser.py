@@ -206,7 +206,7 @@ def test_a_real_run_shows_a_wedge_healed_beside_the_healthy_server(
         {**command_server(hanging.url, hanging.pidfile, hanging.port), "name": "hung"},
     ]
     config = parse_config(watchdog_config(tmp_path / "state", servers, interval="1s"))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     store = t.daemon.store
 
     def healed() -> bool:

@@ -244,7 +244,7 @@ def test_a_child_left_holding_the_port_is_named_for_a_person_and_never_signalled
         "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "2s"},
         "restart": {"max_restarts": 1, "window": "1h", "backoff": "200ms"},
     }
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))))
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
     until(left.exists, 30, "the child left")
     child = int(left.read_text())
     try:

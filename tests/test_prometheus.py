@@ -225,7 +225,7 @@ def test_the_commands_print_the_rules_and_a_dashboard_of_metrics_that_exist(
     used |= {m for e in [fleet.rules()] for m in re.findall(r"mlx_watchdog_[a-z_]+", e)}
 
     # Every metric they read is one a real watchdog exports (or a rule records).
-    daemon = Daemon(parse_config(watched(tmp_path, hanging)))
+    daemon = Daemon(parse_config(watched(tmp_path, hanging))).open()
     t = run_daemon(daemon)
     until(lambda: daemon.endpoint is not None and daemon.cycles["bad"].verdict, 30, "a verdict")
     host, port = daemon.endpoint.server_address[:2]  # type: ignore[union-attr]
@@ -337,7 +337,9 @@ def watched(tmp_path: Path, bad: BadByPidfile) -> dict[str, object]:
 def test_a_real_prometheus_fires_the_wedge_alert_for_a_real_watchdog(
     tmp_path: Path, hanging: BadByPidfile, run_daemon: Callable[[object], DaemonThread]
 ) -> None:
-    daemon = Daemon(parse_config(watched(tmp_path, hanging)))  # observe only: it stays wedged
+    daemon = Daemon(
+        parse_config(watched(tmp_path, hanging))
+    ).open()  # observe only: it stays wedged
     run_daemon(daemon)
     until(lambda: daemon.endpoint is not None, 30, "the endpoint")
     host, port = daemon.endpoint.server_address[:2]  # type: ignore[union-attr]
@@ -403,8 +405,8 @@ def test_fleet_shows_machines_side_by_side_with_how_often_each_is_provoked(
     (tmp_path / "ok").mkdir()
     ok = BadByPidfile(tmp_path / "ok", "ok")
     try:
-        wedged = Daemon(parse_config(watched(tmp_path / "a", hanging)))
-        serving = Daemon(parse_config(watched(tmp_path / "b", ok)))
+        wedged = Daemon(parse_config(watched(tmp_path / "a", hanging))).open()
+        serving = Daemon(parse_config(watched(tmp_path / "b", ok))).open()
         for d in (wedged, serving):
             run_daemon(d)
         until(lambda: wedged.endpoint and serving.endpoint, 30, "both endpoints")

@@ -80,7 +80,7 @@ def test_no_output_carries_a_secret_from_a_url(
         return True
 
     caplog.set_level(logging.DEBUG, logger="mlx_watchdog")
-    t = run_daemon(Daemon(parse_config(raw), notify=notify))
+    t = run_daemon(Daemon(parse_config(raw), notify=notify).open())
     until(lambda: t.daemon.cycles["broken"].incident is not None, 20, "the broken one detected")
     endpoint = t.daemon.endpoint
     assert endpoint is not None

@@ -198,9 +198,9 @@ def test_a_row_edited_into_nonsense_neither_stops_the_daemon_nor_the_commands(
         "watchdog": {"state_dir": str(state), "listen": "off"},
         "server": [{"name": "s", "url": "http://127.0.0.1:1"}],
     }
-    daemon = Daemon(parse_config(raw))  # reads the open incident, events and probes back
+    daemon = Daemon(parse_config(raw)).open()  # reads the open incident, events and probes back
     assert daemon.cycles["s"].incident is not None
-    daemon.store.close()
+    daemon.close()
     cfg = tmp_path / "w.toml"
     cfg.write_text(toml(raw))
     for args in (["status", "--json"], ["history", "--json"], ["history"], ["status"]):

@@ -105,7 +105,7 @@ def test_live_traffic_skips_probes_but_never_more_than_two_in_a_row(
 ) -> None:
     port = free_port()
     config = parse_config(traffic_config(tmp_path, port, "--delay", "6"))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     w = t.daemon.cycles["busy"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
     client = live_client(config.servers[0].url)
@@ -140,7 +140,7 @@ def test_a_lying_counter_cannot_hide_a_wedge(
     hang = tmp_path / "hang"
     extra = ("--delay", "60", "--lying", "--hang-file", str(hang))
     config = parse_config(traffic_config(tmp_path, port, *extra))
-    t = run_daemon(Daemon(config))
+    t = run_daemon(Daemon(config).open())
     w = t.daemon.cycles["busy"]
     until(lambda: w.verdict is not None and w.verdict.state == "healthy", 30, "healthy")
     live_client(config.servers[0].url)  # streams for a minute: a live client throughout

@@ -183,7 +183,7 @@ def run(config_path: Path | None, wait_for_config: bool) -> None:
     try:
         daemon = Daemon(
             config, config_path=config_path, notifier=notifier, maintain=maintenance_calibration
-        )
+        ).open()
     except (AlreadyRunning, UnsafeState) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)

@@ -33,7 +33,7 @@ from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.document import Status, WatchdogLine
-from mlx_watchdog.record.left_probes import left_probes
+from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.metrics import Metrics
 from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
 from mlx_watchdog.record.store import HISTORY_FILE, Store
@@ -80,33 +80,64 @@ class Daemon:
     ) -> None:
         self.config = config
         self.config_path = config_path
-        # Before anything is read or written: a second daemon on this state folder would
-        # settle the first one's restart as interrupted, probe beside it and restart twice.
-        private_dir(config.watchdog.state_dir)  # UnsafeState: refused, as ssh does
-        self._lock = hold_lock(config.watchdog.state_dir / LOCK_FILE)
         self.system = system or System()
-        # Only now, holding the lock: what a killed predecessor left running is ours to end.
-        self.system.record = config.watchdog.state_dir / COMMANDS_FILE
-        for left in self.system.settle_left():
-            log.warning("ended a command the previous watchdog left running: %s", left)
         self.table = table or ProcessTable()
         self.wall = wall  # wall time, for what is recorded and shown
         self.mono = mono  # spans: probe waits, down and busy times
         self.stop_timeout = stop_timeout  # for a restart in progress to finish by itself
-        self.left = left_probes(config.watchdog.state_dir)
         self.state_dir = config.watchdog.state_dir
-        self.store = Store(self.state_dir / HISTORY_FILE, wall=wall, behind=True)
-        self.alerter = Alerter(config.watchdog.alerts, config.watchdog.on_event, notify=notify)
+        self._notify, self._maintain, self._machine = notify, maintain, machine
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._signals: collections.deque[str] = collections.deque()  # noted by the handlers
         self._wake = threading.Event()
         self._active = 0
         self._active_cv = threading.Condition()
-        self.metrics = Metrics(self.status)
-        self.days = Days(self.store, lambda: self.interval, wall, mono)
         self._page_lock = threading.Lock()
         self._page: tuple[float, str] = (0.0, "")  # (when rendered, monotonic; the page)
+        self.started_at = wall()
+        self.own_log = own_log()
+        self.endpoint: ThreadingHTTPServer | None = None
+        self.cycles: dict[str, Cycle] = {}
+        self.schedule = Schedule()
+        self._running = False
+        self.notifier = notifier if notifier is not None else Notifier()
+        self._lock: int | None = None  # the state folder's lock, while open
+        # Set by open(): what reads and writes the state folder.
+        self.left: LeftProbes
+        self.store: Store
+        self.alerter: Alerter
+        self.metrics: Metrics
+        self.days: Days
+        self.crew: Crew
+        self.calendar: Calendar
+
+    def open(self) -> Daemon:
+        """Take the state folder (its lock, then what a killed predecessor left running), open
+        the history and load each server's; `close()` undoes it in reverse. Returns itself."""
+        if self._lock is not None:
+            return self
+        config, wall, mono = self.config, self.wall, self.mono
+        # Before anything is read or written: a second daemon on this state folder would
+        # settle the first one's restart as interrupted, probe beside it and restart twice.
+        private_dir(self.state_dir)  # UnsafeState: refused, as ssh does
+        self._lock = hold_lock(self.state_dir / LOCK_FILE)
+        try:
+            # Only now, holding the lock: what a killed predecessor left running is ours to end.
+            self.system.record = self.state_dir / COMMANDS_FILE
+            for left in self.system.settle_left():
+                log.warning("ended a command the previous watchdog left running: %s", left)
+            self.left = left_probes(self.state_dir)
+            self.store = Store(self.state_dir / HISTORY_FILE, wall=wall, behind=True)
+        except BaseException:
+            os.close(self._lock)
+            self._lock = None
+            raise
+        self.alerter = Alerter(
+            config.watchdog.alerts, config.watchdog.on_event, notify=self._notify
+        )
+        self.metrics = Metrics(self.status)
+        self.days = Days(self.store, lambda: self.interval, wall, mono)
         ladder = Ladder(
             system=self.system,
             table=self.table,
@@ -116,18 +147,28 @@ class Daemon:
         )
         sinks = Sinks(self.metrics, self.days)  # the page's day is kept as probes are recorded
         self.crew = Crew(self.store, self.alerter, ladder, sinks, wall, mono)
-        self.crew.residents, self.crew.machine = self._residents, machine
-        self.started_at = wall()
-        self.own_log = own_log()
-        self.endpoint: ThreadingHTTPServer | None = None
-        self.cycles: dict[str, Cycle] = {}
-        self.schedule = Schedule()
-        self._running = False
-        self.notifier = notifier if notifier is not None else Notifier()
+        self.crew.residents, self.crew.machine = self._residents, self._machine
         cycles, interval = (lambda: self.cycles), (lambda: self.interval)
-        self.calendar = Calendar(self.store, self.alerter, cycles, interval, maintain, wall)
+        self.calendar = Calendar(self.store, self.alerter, cycles, interval, self._maintain, wall)
         for server in config.servers:
             self.cycles[server.name] = self._cycle(server)
+        return self
+
+    def close(self) -> None:
+        """Undo `open()` in reverse: the alerts sent, the history written and closed, the state
+        folder's lock released. A daemon that ran closes itself as it stops."""
+        if self._lock is None:
+            return
+        self.alerter.close(timeout=5.0)
+        self.store.close()
+        os.close(self._lock)
+        self._lock = None
+
+    def __enter__(self) -> Daemon:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _residents(self) -> list[tuple[str, int]]:
         """Each local server's resident memory, for a restart under memory pressure."""
@@ -267,6 +308,7 @@ class Daemon:
 
         The signal handlers only set flags; this loop, on the main thread, does the work.
         """
+        self.open()
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
@@ -393,10 +435,8 @@ class Daemon:
             self.endpoint.shutdown()
             self.endpoint.server_close()
             (self.state_dir / DAEMON_FILE).unlink(missing_ok=True)
-        self.alerter.close(timeout=5.0)
-        self.store.close()
+        self.close()
         log.info("stopped")
-        os.close(self._lock)
 
     def _serve_endpoint(self) -> None:
         """Start /healthz, /status, /metrics; without them the watchdog still probes and heals."""

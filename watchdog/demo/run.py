@@ -147,7 +147,7 @@ def run_demo(
         f"watchdog; probing every {config.watchdog.interval:g}s, wedge_after "
         f"{server.probe.wedge_after:g}s"
     )
-    daemon = Daemon(config)
+    daemon = Daemon(config).open()
     runner = threading.Thread(target=lambda: daemon.run(install_signals=False), daemon=True)
     runner.start()
     deadline = time.monotonic() + timeout
