@@ -44,13 +44,13 @@ def main() -> int:
                     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
             until(
                 lambda: (
-                    wedged.status()["servers"][0]["gave_up_24h"] == 2
-                    and wedged.status()["servers"][0]["state"] == "wedged"
+                    wedged.status().servers[0].gave_up_24h == 2
+                    and wedged.status().servers[0].state == "wedged"
                 ),
                 30,
                 "the wedge",
             )
-            until(lambda: serving.status()["servers"][0]["state"] == "healthy", 30, "healthy")
+            until(lambda: serving.status().servers[0].state == "healthy", 30, "healthy")
             urls = [
                 "http://{}:{}".format(*d.endpoint.server_address[:2])  # type: ignore[union-attr]
                 for d in (wedged, serving)
