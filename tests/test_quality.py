@@ -164,6 +164,45 @@ def test_each_type_and_constant_has_one_meaning() -> None:
     assert not twice, twice
 
 
+WRITES = {
+    "record_probe",
+    "add_event",
+    "open_incident",
+    "set_advice",
+    "add_action",
+    "close_incident",
+    "add_dump",
+    "start_restart",
+    "finish_restart",
+    "hold",
+    "release",
+    "interrupt_unfinished",
+}
+
+
+def test_a_cycle_writes_only_through_its_ledger() -> None:
+    """What a cycle learns reaches the history, the tally, the sinks and the alerts through
+    cycle/ledger.py only: no store write, tally change, sink or alerter call elsewhere in cycle/."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "watchdog" / "cycle").glob("*.py")):
+        if path.name in ("ledger.py", "crew.py"):  # the writer; the sinks' fan-out
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = ast.unparse(node.value)
+            if (owner.endswith("store") and node.attr in WRITES) or (
+                owner.endswith(("tally", "sink", "alerter")) and node.attr != "tally"
+            ):
+                if owner.endswith("tally") and node.attr in READS:
+                    continue
+                found.append(f"{path.name}:{node.lineno} {owner}.{node.attr}")
+    assert not found, found
+
+
+READS = {"restart_cost", "restarts", "cured", "restarts_served", "last_restart", "figures"}
 MODULE_LINES = 700  # a module longer than this has a seam to split at; functions: ruff's limits
 
 

@@ -22,11 +22,29 @@ from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict, Crew
 from mlx_watchdog.cycle.cures import named_throttled, port_held, settle_for, unloader_for
 from mlx_watchdog.cycle.least_cost import LeastCost
+from mlx_watchdog.cycle.ledger import (
+    Acted,
+    Advised,
+    Dumped,
+    FirstToken,
+    GaveUp,
+    Held,
+    Ledger,
+    Opened,
+    Probed,
+    Released,
+    RestartBegun,
+    RestartEnded,
+    Said,
+    Served,
+    Skipped,
+    TickFailed,
+    Unfinished,
+)
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, triggers
 from mlx_watchdog.judge.advice import Abandoned, retry_loop
-from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.cause import (
     NO_PROGRESS,
     WORDS,
@@ -41,14 +59,12 @@ from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict, renamed
-from mlx_watchdog.record.alerts import Event
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.record.tally import Tally, abandoned_lately
 from mlx_watchdog.sense.memory import memory_holders, resident
 
 log = logging.getLogger("mlx_watchdog")
 
-LOUD = (EventKind.RESTART_FAILED, EventKind.BUDGET_SPENT, EventKind.REFUSED)
 RESTARTS = ("restart", "planned-restart")  # a person's, the maintenance window's
 
 
@@ -68,7 +84,8 @@ class Cycle:
         self.manager = manager
         self.checker = checker
         self.crew = crew
-        self.store = crew.store
+        self.store = crew.store  # read here; written only through the ledger
+        self.ledger = Ledger(server.name, crew.store, crew.alerter, crew.sink, crew.wall)
         self.wall, self.mono = crew.wall, crew.mono
         self.verdict: Verdict | None = None
         self.streak = Streak()
@@ -76,7 +93,6 @@ class Cycle:
         self.incident: OpenIncident | None = None
         self.needs_person: str | None = None  # why, while the phase is HELD
         self.draining = False
-        self.tally = Tally()
         self.gave_up_counted = 0  # of the inspector's running count
         self.least = LeastCost()
         self.state_since: float | None = None
@@ -102,6 +118,11 @@ class Cycle:
         self._climbing = False
         self._restart_row: Ref = None
         self._restart_began = 0.0
+
+    @property
+    def tally(self) -> Tally:
+        """The numbers people see, written by the ledger."""
+        return self.ledger.tally
 
     # -- what the daemon asks of it (each change of its state goes through here) -----------
 
@@ -158,9 +179,7 @@ class Cycle:
         if problem is not None and problem != self.sight.tick_problem:
             new = True
             with contextlib.suppress(Exception):
-                self.store.add_event(
-                    self.server.name, self.wall(), EventKind.TICK_FAILED, problem, {}
-                )
+                self.ledger.record(TickFailed(self.wall(), problem))
         self.sight.tick_problem = problem
         self.sight.tick_began = None
         self.sight.tick_moved = self.mono()
@@ -183,7 +202,7 @@ class Cycle:
             self.phase = Phase.HELD  # held by a watchdog before this one: a person's to end
         elif self.incident is not None:
             self.phase = Phase.FAILING
-        for r in self.store.interrupt_unfinished(name, now):
+        for r in self.ledger.record(Unfinished(now)):
             self.emit(
                 EventKind.INTERRUPTED,
                 f"a restart begun at {time.ctime(r.at)} never "
@@ -193,7 +212,7 @@ class Cycle:
             # found down, it is started at once, not after startup_grace.
             self.left_stopped = f"was left stopped by a restart begun at {time.ctime(r.at)}"
 
-        self.tally = Tally.load(self.store, self.server, now)
+        self.ledger.tally = Tally.load(self.store, self.server, now)
 
     def server_started(self) -> None:
         """The daemon started the server itself: its first token measures what a restart
@@ -227,16 +246,9 @@ class Cycle:
         if v is not None:
             v = port_held(v, self.server, pid, self.crew.ladder.stranger)
             self.sight.verdict_mono = self.mono()
-            now = self.wall()
-            self.store.record_probe(
-                self.server.name, now, v.state, v.reason, v.evidence.to_json(), step=interval
-            )
-            self.crew.sink.observe(self.server.name, v)
-            if v.evidence.ttft_s is not None:
-                self.tally.ttfts.append((now, v.evidence.ttft_s))
+            self.ledger.record(Probed(self.wall(), v, interval))
             self._judged(v)
         self._count_gave_up()
-        self.tally.forget_old(self.wall())
         return self.verdict
 
     def _judged(self, v: Verdict) -> None:
@@ -251,8 +263,7 @@ class Cycle:
         if v.state in (State.HEALTHY, State.SLOW):
             # Recovered only on a token: "slow" also means no token yet, before wedge_after.
             if v.evidence.tokens > 0 and self.started_mono is not None:
-                if not self.tally.served_s:
-                    self.tally.served_s.append(round(self.mono() - self.started_mono, 1))
+                self.ledger.record(FirstToken(round(self.mono() - self.started_mono, 1)))
                 self.started_mono = None
             if v.evidence.tokens > 0 and not self.least.held_down(v, now):
                 self.recovered(
@@ -304,7 +315,7 @@ class Cycle:
         report = self.checker.look_at_load() if wants else None
         v = self.least.traffic(self.verdict, report)
         if v is not None:
-            self.crew.sink.skipped(self.server.name)
+            self.ledger.record(Skipped())
         return v
 
     def _cheaper_cure(self, v: Verdict) -> str | None:
@@ -356,7 +367,7 @@ class Cycle:
             "outcome": outcome,
             "detail": detail,
         }
-        self.store.add_action(self.incident.id if self.incident else None, action)
+        self.ledger.record(Acted(self.incident.id if self.incident else None, action))
 
     def _recurring(self, v: Verdict) -> Verdict:
         """An abandoned prefill back again after cures: named for its cause, the clients'
@@ -385,17 +396,8 @@ class Cycle:
         n = self.checker.inspector.gave_up - self.gave_up_counted
         if n <= 0:
             return
-        now = self.wall()
         self.gave_up_counted += n
-        self.tally.gave_up.append((now, n))
-        self.crew.sink.gave_up(self.server.name, n)
-        self.store.add_event(
-            self.server.name,
-            now,
-            EventKind.GAVE_UP,
-            f"{n} client(s) gave up mid-request",
-            {"count": n},
-        )
+        self.ledger.record(GaveUp(self.wall(), n))
 
     def _notice_jump(self, interval: float) -> None:
         """After a jump, streaks end and what the server said of its load is forgotten."""
@@ -409,7 +411,7 @@ class Cycle:
         calibration = functools.partial(self.store.last_calibration, self.server.name)
         advice = self.incident.advice(v.evidence.gave_up_after_s, calibration)
         if advice:
-            self.store.set_advice(self.incident.id, advice)
+            self.ledger.record(Advised(self.incident.id, advice))
         return advice
 
     # -- events -----------------------------------------------------------------------------
@@ -426,13 +428,8 @@ class Cycle:
 
     def emit(self, kind: EventKind, message: str, **data: object) -> None:
         """Record, log and send one event; incident events come through `transition`."""
-        now, name = self.wall(), self.server.name
         state = self.verdict.state if self.verdict else None
-        level = logging.ERROR if kind in LOUD else logging.WARNING
-        log.log(level, "%s %s: %s", name, kind, message)
-        self.store.add_event(name, now, kind, message, dict(data))
-        self.crew.sink.event(name, kind, dict(data))
-        self.crew.alerter.send(Event(kind, name, now, message, state, dict(data)))
+        self.ledger.record(Said(self.wall(), kind, message, state, dict(data)))
 
     def _detected(self, v: Verdict, began: float) -> None:
         """Open the incident: in memory always, in the history when it can be written."""
@@ -448,9 +445,8 @@ class Cycle:
             earlier=self.cured_lately(),
             cause=v.evidence.cause or "unknown",
         )
-        self.tally.opened.append(now)
-        self.incident.id = self.store.open_incident(
-            self.server.name, now, v.state, v.reason, v.evidence.to_json(), began_at=began
+        self.incident.id = self.ledger.record(
+            Opened(now, began, v.state, v.reason, v.evidence.to_json())
         )
         advice = self._advise(v)
         message = f"{v.reason}. {advice}" if advice else v.reason
@@ -465,21 +461,19 @@ class Cycle:
             self._record_cure(*ended)
         self.streak = Streak()
         self.refused_said = False
-        self.tally.last_token_at = at
         if self.needs_person is not None:
-            self.store.release(self.server.name)
+            self.ledger.record(Released())
             self.needs_person = None
         incident, self.incident = self.incident, None
         if incident is None:
+            self.ledger.record(Served(at))
             if self.phase is not Phase.NORMAL:
                 self.transition(Phase.NORMAL, None, "")
             return
         outage = at - incident.began_at
-        self.tally.cured.append((at, incident.cause))
-        if incident.id is not None:
-            if advice:
-                self.store.set_advice(incident.id, advice)
-            self.store.close_incident(incident.id, at, how, recover_s)
+        if incident.id is not None and advice:
+            self.ledger.record(Advised(incident.id, advice))
+        self.ledger.record(Served(at, incident.id, how, recover_s, incident.cause))
         timing = f"outage {outage:.1f} s" + (
             f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
         )
@@ -515,8 +509,7 @@ class Cycle:
             return False
         dump = self.crew.dump(pid, self.server.log_file)  # what the restart throws away
         incident = self.incident.id if self.incident else None
-        doc = {**dump.to_json(), "kind": self.server.kind}
-        self.store.add_dump(self.server.name, incident, dump.at, doc)
+        self.ledger.record(Dumped(dump.at, incident, {**dump.to_json(), "kind": self.server.kind}))
         # A person's drain stays after the restart.
         drains = self.server.restart.drain and not self.draining
         drain = Drain(self.drain, self.undrain) if drains else None
@@ -548,14 +541,12 @@ class Cycle:
             if retired:  # removed meanwhile: nothing this restart started runs on unsupervised
                 self.manager.stop()
         done, started = self.wall(), self._restart_began
-        self.tally.last_restart = LastRestart(started, trigger, climb.result, done)
         served_s = None if climb.served_at is None else climb.served_at - started
-        self.store.finish_restart(self._restart_row, done, climb.result, served_s)
+        row = self._restart_row
+        self.ledger.record(RestartEnded(row, started, trigger, done, climb.result, served_s))
         action = climb.action(started, trigger, self.manager.kind)
-        self.store.add_action(self.incident.id if self.incident else None, action)
+        self.ledger.record(Acted(self.incident.id if self.incident else None, action))
         if climb.served_at is not None and served_s is not None:
-            self.tally.served_s.append(served_s)
-            self.tally.restarts_served.append(started)
             self.recovered(climb.served_at, recover_s=served_s, how="restarted")
             return True
         self._not_restarted(climb.result, climb.outcome)
@@ -572,9 +563,7 @@ class Cycle:
         self.left_stopped = None
         if (ended := self.least.restarting(self.mono())) is not None:
             self._record_cure(*ended)
-        self.tally.restarts_here.append(self.mono())
-        self.tally.last_restart = LastRestart(started, trigger)
-        self._restart_row = self.store.start_restart(self.server.name, started, trigger)
+        self._restart_row = self.ledger.record(RestartBegun(started, self.mono(), trigger))
         how = f"restarting through {self.manager.kind} ({reason})"
         self.transition(Phase.RESTARTING, EventKind.RESTARTING, how, trigger=trigger, pid=pid)
 
@@ -606,7 +595,7 @@ class Cycle:
             cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
             said = budget_spent(allowance.used, settings.window, cured, cause)
             self.needs_person = said
-            self.store.hold(self.server.name, now, self.needs_person)
+            self.ledger.record(Held(now, said))
             self.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))
         elif not allowance.allowed and not allowance.spent:
             wait = (allowance.not_before or now) - now
