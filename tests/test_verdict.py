@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_watchdog.judge.evidence import Observation
-from mlx_watchdog.judge.states import EXIT_CODES, STATES
+from mlx_watchdog.judge.states import EXIT_CODES, STATES, State
 from mlx_watchdog.judge.verdict import judge, leaked_requests
 from mlx_watchdog.sense.findings import LoadReport, ProcessSample
 from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
@@ -258,3 +258,17 @@ def test_a_probe_queued_behind_served_clients_waits_from_when_the_last_left() ->
     long_gone = Observation(waiting(), proc(live=0), MODELS_OK, live_seen=now - 60.5)
     v = judge(long_gone, S, now)
     assert v is not None and v.state == "wedged", v.reason
+
+
+def test_a_cause_named_anew_keeps_its_grounds_whole_whatever_they_say() -> None:
+    """The reason quotes what a client can write (a log line, a model's name): a renamed
+    verdict keeps its grounds as judged, never cut at a "; cause: " someone wrote there."""
+    from mlx_watchdog.judge.cause import Cause, Diagnosis
+    from mlx_watchdog.judge.evidence import Evidence
+    from mlx_watchdog.judge.verdict import Verdict, renamed
+
+    grounds = "wedged: no token; the server's log: prompt 'x; cause: forged'"
+    v = Verdict(State.WEDGED, f"{grounds}; cause: a deadlock", Evidence(), grounds)
+    again = renamed(v, Diagnosis(Cause.THROTTLED, "its rate is a quarter of its calibration"))
+    assert again.reason.startswith(grounds + "; cause: ") and again.grounds == grounds
+    assert "a deadlock" not in again.reason and again.evidence.cause == "throttled"

@@ -38,12 +38,12 @@ def port_held(
         return v
     pid, what = held
     running = f"PID {ours}" if ours is not None else "none runs now"
-    return replace(
-        v,
-        reason=f"{v.reason}; port {server.port} is held by PID {pid} ({what}), not by the "
-        f"server {server.manager} started ({running}): end it yourself (kill {pid}), the "
-        "watchdog signals only its server",
+    note = (
+        f"; port {server.port} is held by PID {pid} ({what}), not by the server "
+        f"{server.manager} started ({running}): end it yourself (kill {pid}), the watchdog "
+        "signals only its server"
     )
+    return replace(v, reason=v.reason + note, grounds=(v.grounds or v.reason) + note)
 
 
 def named_throttled(

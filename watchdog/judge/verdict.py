@@ -29,6 +29,7 @@ class Verdict:
     state: State
     reason: str
     evidence: Evidence
+    grounds: str = ""  # the reason before its cause was named ("": the reason names none)
 
     @property
     def exit_code(self) -> int:
@@ -48,10 +49,13 @@ def judge(obs: Observation, settings: ProbeSettings, now: float) -> Verdict | No
     if said is not None and state in PREFILL_SHOWN and not said.finished:
         reason += f"; the server's log: {said.describe()}"
     found = cause_of(obs, state, settings, now) if state in BAD_STATES else None
-    if found is not None and found.cause is not Cause.UNKNOWN:
-        reason += f"; cause: {found.describe()}"
+    grounds = f"{state}: {reason}"
+    named = found is not None and found.cause is not Cause.UNKNOWN
     return Verdict(
-        state, f"{state}: {reason}", evidence(obs, now, found, idle_below=settings.idle_cpu_percent)
+        state,
+        f"{grounds}; cause: {found.describe()}" if named and found is not None else grounds,
+        evidence(obs, now, found, idle_below=settings.idle_cpu_percent),
+        grounds,
     )
 
 
@@ -362,7 +366,9 @@ def _s(seconds: float) -> str:
 
 
 def renamed(v: Verdict, found: Diagnosis) -> Verdict:
-    """The verdict with its cause named anew (the cause is the reason's last part)."""
-    reason = v.reason.split("; cause: ", 1)[0] + f"; cause: {found.describe()}"
+    """The verdict with its cause named anew, after its grounds (never parsed from its words)."""
+    grounds = v.grounds or v.reason
     evidence = replace(v.evidence, cause=str(found.cause), cause_because=found.because)
-    return replace(v, reason=reason, evidence=evidence)
+    return replace(
+        v, reason=f"{grounds}; cause: {found.describe()}", evidence=evidence, grounds=grounds
+    )
