@@ -15,7 +15,7 @@ from typing import Any
 
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.act.managers.launchd import IN_PROGRESS, NOT_LOADED, domain_exists
-from mlx_watchdog.service import (
+from mlx_watchdog.service.base import (
     SERVER_ENV,
     STOP_BOUND,
     WATCHDOG_LABEL,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_watchdog.act.managers import System
-from mlx_watchdog.service import (
+from mlx_watchdog.service.base import (
     SERVER_ENV,
     STOP_BOUND,
     WATCHDOG_UNIT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlx_watchdog.act.managers import External, Outcome, System
+from mlx_watchdog.act.managers.base import External, Outcome, System
 from mlx_watchdog.config import ServerConfig
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_watchdog.act.managers import REPLACE_TIMEOUT, External, Outcome, System, wait_for
+from mlx_watchdog.act.managers.base import REPLACE_TIMEOUT, External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
 NOT_LOADED = frozenset({3, 113})  # "No such process", "Could not find service"

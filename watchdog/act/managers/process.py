@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from mlx_watchdog.act.managers import Outcome, System, wait_for
+from mlx_watchdog.act.managers.base import Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.files import create_new, open_append, open_regular
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlx_watchdog.act.managers import REPLACE_TIMEOUT, External, Outcome, System, wait_for
+from mlx_watchdog.act.managers.base import REPLACE_TIMEOUT, External, Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
 
 
