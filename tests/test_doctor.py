@@ -182,7 +182,11 @@ def test_doctor_command_exit_code_and_json(tmp_path: Path) -> None:
     assert levels == {"ok", "note", "warning", "problem"}
     # the notes are the kind's known failure modes (mlx_lm by default), each with what avoids it
     notes = [f for f in findings if f["level"] == "note"]
-    assert notes and all(f["detail"].startswith("mlx_lm.server: ") and f["fix"] for f in notes)
+    # manager = "none" (the default): said first, with what to do; then the failure modes
+    assert notes[0]["detail"].startswith('manager = "none": the watchdog only watches')
+    assert "restart it yourself" in notes[0]["fix"]
+    modes = notes[1:]
+    assert modes and all(f["detail"].startswith("mlx_lm.server: ") and f["fix"] for f in modes)
 
 
 def test_on_a_mac_doctor_names_what_launchd_jobs_trip_over(tmp_path: Path) -> None:

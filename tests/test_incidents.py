@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -298,3 +299,29 @@ def test_a_hold_without_an_open_incident_opens_one_and_stays_held(tmp_path: Path
         assert [e.kind for e in daemon.store.events("s")] == ["detected"]
     finally:
         daemon.close()
+
+
+def test_with_manager_none_every_way_out_says_nobody_restarts_it(tmp_path: Path) -> None:
+    """manager = "none": a person's restart is refused at once (it waited 264 s, then said
+    "had not ended"), and the failure's event (its alert), status and the page say that
+    nobody restarts the server and what to do."""
+    from mlx_watchdog.cycle import Conflict
+    from mlx_watchdog.serve.notes import notes
+
+    port = free_port()
+    raw = {
+        "watchdog": {"state_dir": str(tmp_path / "state")},
+        "server": [{"name": "s", "url": f"http://127.0.0.1:{port}", "manager": "none"}],
+    }
+    with Daemon(parse_config(raw)) as daemon:
+        with pytest.raises(Conflict, match='manager = "none": the watchdog only watches s'):
+            daemon.act("s", "restart")
+        assert daemon.cycles["s"].requests == deque()
+        v = daemon.tick("s")
+        assert v is not None and v.state == "down"
+        daemon.store.flush(5.0)
+        (detected,) = daemon.store.events("s")
+        assert "nobody will restart it; restart it yourself" in detected.message
+        (shown,) = daemon.status().servers
+        said = [n for n in notes(shown) if n.label == "Nobody restarts it"]
+        assert len(said) == 1 and "set `manager` in the config" in said[0].text

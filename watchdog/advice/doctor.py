@@ -17,7 +17,7 @@ from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
-from mlx_watchdog.judge.advice import retry_loop, tokens_label
+from mlx_watchdog.judge.advice import retry_loop, tokens_label, unattended
 from mlx_watchdog.judge.states import BAD_STATES, EventKind
 from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
@@ -290,6 +290,8 @@ def _profile(server: ServerConfig, cmdline: Sequence[str]) -> Iterator[Finding]:
             "signal it",
             "set kind to the server you run (see docs/servers.md, supported servers), or match",
         )
+    if server.manager == "none":
+        yield Finding("note", server.name, *unattended(server.name))
     for what, avoid in profile.failure_modes:
         yield Finding("note", server.name, f"{profile.title}: {what}", avoid)
 

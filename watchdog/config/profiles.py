@@ -100,7 +100,7 @@ PROFILES: dict[Kind, Profile] = {
                 (
                     "/health answers 503 when the generation thread has died; /v1/models "
                     "still answers 200",
-                    "restart it (manager set): the watchdog does when no token comes",
+                    "a restart: the watchdog makes it when no token comes, where a manager is set",
                 ),
             ),
         ),

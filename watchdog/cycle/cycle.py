@@ -44,7 +44,7 @@ from mlx_watchdog.cycle.ledger import (
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import bounds, budget, triggers
-from mlx_watchdog.judge.advice import Abandoned, retry_loop
+from mlx_watchdog.judge.advice import Abandoned, nobody_restarts, retry_loop
 from mlx_watchdog.judge.cause import (
     NO_PROGRESS,
     WORDS,
@@ -450,6 +450,8 @@ class Cycle:
         )
         advice = self._advise(v)
         message = f"{v.reason}. {advice}" if advice else v.reason
+        if isinstance(self.manager, NoManager):
+            message = f"{message}. {nobody_restarts(self.server.name)}"
         held = self.phase is Phase.HELD  # held before this incident: it stays held
         to = Phase.HELD if held else Phase.FAILING
         self.transition(to, EventKind.DETECTED, message, advice=advice, **v.evidence.brief())
@@ -621,6 +623,8 @@ class Cycle:
         restart while one runs, is queued, or just brought the server back would be a second
         restart for one cause: refused (Conflict), saying what happened instead."""
         with self._asks:
+            if action in RESTARTS and isinstance(self.manager, NoManager):
+                raise Conflict(nobody_restarts(self.server.name))
             if action in RESTARTS:
                 # One being carried out has left the queue but not yet begun: still asked for.
                 queued = self._carrying in RESTARTS or any(a in RESTARTS for a in self.requests)

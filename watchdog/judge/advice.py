@@ -115,3 +115,17 @@ def resend_advice(size: str, answered_s: float, gave_up_s: float | None) -> str:
         f"{round_up(answered_s * MARGIN, 10)} s (that and half again) is served at the first "
         "attempt, which ends this loop at its source"
     )
+
+
+def unattended(name: str) -> tuple[str, str]:
+    """What a failing server with `manager = "none"` needs said wherever it is shown: that
+    nobody restarts it, and what to do."""
+    return (
+        f'manager = "none": the watchdog only watches {name}, so nobody will restart it',
+        "restart it yourself with what runs it, or set `manager` in the config so that the "
+        "watchdog can",
+    )
+
+
+def nobody_restarts(name: str) -> str:
+    return "; ".join(unattended(name))

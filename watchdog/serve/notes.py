@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlx_watchdog.judge.advice import nobody_restarts
 from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
+from mlx_watchdog.judge.states import BAD_STATES
 from mlx_watchdog.record.document import ServerStatus, Waiting
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 
@@ -28,6 +30,8 @@ def notes(s: ServerStatus, *, live: bool = True) -> list[Note]:
     found: list[Note] = []
     if s.needs_person:
         found.append(Note(ALERT, "A person is needed", s.needs_person, after_hold(s.name)))
+    if s.manager == "none" and s.state in BAD_STATES:
+        found.append(Note(ALERT, "Nobody restarts it", nobody_restarts(s.name)))
     if s.restarting:
         found.append(Note(ALERT, "Restarting now", "/healthz answers 503 until it serves again"))
     if s.draining:
