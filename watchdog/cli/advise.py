@@ -269,7 +269,10 @@ def drill(
     give_up = or_exit(lambda: parse_duration(give_up_after, "--give-up-after"))
     limit = or_exit(lambda: parse_duration(max_wait, "--max-wait"))
     if not yes:
-        err.print(escape(plan(server, tokens, give_up)), soft_wrap=True)
+        said = plan(server, tokens, give_up)
+        if as_json:  # a script reads stdout: what would be done, and that nothing was
+            click.echo(json.dumps({"server": server.name, "done": False, "plan": said}))
+        err.print(escape(said), soft_wrap=True)
         err.print("Run it again with --yes to go ahead.")
         sys.exit(1)
     left = left_probes(cfg.watchdog.state_dir)
@@ -317,12 +320,14 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
     cfg = load_or_exit(config_path)
     findings = []
     style = {"ok": "green", "note": "cyan", "warning": "yellow", "problem": "bold red"}
+    names = {s.name for s in cfg.servers}
     for found in run_doctor(cfg, litellm=litellm_config):
-        # Each command it suggests works as typed: it carries this one's --config.
+        # Each command it suggests works as typed: this one's --config, the server it is about.
+        about = found.what if found.what in names else None
         f = dataclasses.replace(
             found,
-            detail=suggest(found.detail, config_path),
-            fix=suggest(found.fix, config_path) if found.fix else found.fix,
+            detail=suggest(found.detail, config_path, about),
+            fix=suggest(found.fix, config_path, about) if found.fix else found.fix,
         )
         findings.append(f)
         if not as_json:

@@ -6,8 +6,6 @@ rich is imported on first use: a command that prints JSON, and `--help`, never p
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +15,7 @@ from urllib.parse import urlsplit
 import click
 
 from mlx_watchdog import __version__
+from mlx_watchdog.judge import commands
 from mlx_watchdog.judge.states import UNKNOWN_EXIT, State
 
 if TYPE_CHECKING:
@@ -103,17 +102,11 @@ config_option = click.option(
 )
 
 
-_SUGGESTED = re.compile(r"\bmlx-watchdog ((?:config|prometheus) [a-z-]+|[a-z-]+)(?! --config)")
-
-
-def suggest(text: str, config_path: Path | None) -> str:
+def suggest(text: str, config_path: Path | None, server: str | None = None) -> str:
     """`text` with every command it suggests carrying the --config given to this one, so that
     it works when typed as shown ($MLX_WATCHDOG_CONFIG, when that is how it came, is already
-    in the shell that runs it)."""
-    if config_path is None:
-        return text
-    where = shlex.quote(str(config_path))
-    return _SUGGESTED.sub(lambda m: f"mlx-watchdog {m.group(1)} --config {where}", text)
+    in the shell that runs it), and the server it speaks of (judge/commands.py)."""
+    return commands.suggest(text, None if config_path is None else str(config_path), server=server)
 
 
 def server_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
@@ -135,7 +128,8 @@ def load_or_exit(config_path: Path | None) -> Config:
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
+        said = suggest(str(exc), config_path)
+        err.print(f"[red]config error:[/red] {escape(said)}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
     for warning in config.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)

@@ -69,19 +69,21 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         if not out.is_terminal:  # into a pipe: each refresh printed after the last
-            out.print(_status_view(doc))
+            out.print(_status_view(doc, config_path))
             while not stop.wait(2.0):
                 doc = fetch()
                 out.print()
-                out.print(_status_view(doc))
+                out.print(_status_view(doc, config_path))
                 out.file.flush()
         else:
-            with Live(_status_view(doc), console=out.get(), auto_refresh=False) as live:
+            with Live(
+                _status_view(doc, config_path), console=out.get(), auto_refresh=False
+            ) as live:
                 while not stop.wait(2.0):
                     doc = fetch()
-                    live.update(_status_view(doc), refresh=True)
+                    live.update(_status_view(doc, config_path), refresh=True)
     else:
-        out.print(_status_view(doc))
+        out.print(_status_view(doc, config_path))
     sys.exit(_status_exit(doc))
 
 
@@ -129,7 +131,7 @@ def _status_exit(doc: Status) -> int:
     return max((s.exit_code for s in doc.servers), default=UNKNOWN_EXIT)
 
 
-def _status_view(doc: Status) -> Group:
+def _status_view(doc: Status, config_path: Path | None = None) -> Group:
     from rich.console import Group
     from rich.table import Table
 
@@ -174,7 +176,8 @@ def _status_view(doc: Status) -> Group:
             rss_cell,
         )
         notes.append(f"[bold]{s.name}[/bold] {escape(s.reason)}")
-        notes += [_note(n) for n in server_notes(s, live=live)]
+        config = None if config_path is None else str(config_path)
+        notes += [_note(n) for n in server_notes(s, live=live, config=config)]
     w = doc.watchdog
     head = (
         f"[green]watchdog running[/green] (PID {w.pid}, every {w.interval_s or 0:g}s)"
@@ -270,7 +273,7 @@ def history(
     store = open_history(cfg.watchdog.state_dir, create=False)
     try:
         if number is not None:
-            sys.exit(_show(store, number, as_json))
+            sys.exit(_show(store, number, as_json, config_path))
         incidents = store.incidents(time.time() - window, server_name)
     finally:
         store.close()
@@ -303,13 +306,14 @@ def history(
     for i in incidents:
         out.print(f"[bold]#{i.id}[/bold] {escape(i.reason)}", soft_wrap=True)
         if i.advice:
-            out.print(f"    [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
+            advice = suggest(i.advice, config_path, i.server)
+            out.print(f"    [yellow]advice:[/yellow] {escape(advice)}", soft_wrap=True)
         for a in i.actions:
             if a.get("action") == "wait":
                 out.print(f"    [cyan]wait:[/cyan] {escape(str(a.get('detail')))}", soft_wrap=True)
 
 
-def _show(store: Store, number: int, as_json: bool) -> int:
+def _show(store: Store, number: int, as_json: bool, config_path: Path | None) -> int:
     """One incident in full, with the dumps taken before its restarts."""
     import dataclasses
     import json
@@ -330,7 +334,8 @@ def _show(store: Store, number: int, as_json: bool) -> int:
     shown = ", ".join(f"{k}={v}" for k, v in sorted(said.items()) if k != "phases")
     out.print(f"  [dim]evidence:[/dim] {escape(shown)}", soft_wrap=True)
     if i.advice:
-        out.print(f"  [yellow]advice:[/yellow] {escape(i.advice)}", soft_wrap=True)
+        advice = suggest(i.advice, config_path, i.server)
+        out.print(f"  [yellow]advice:[/yellow] {escape(advice)}", soft_wrap=True)
     for a in i.actions:
         detail = a.get("detail") or ""
         out.print(f"  {escape(str(a.get('action')))}: {a.get('outcome')} {escape(str(detail))}")

@@ -230,7 +230,8 @@ class Daemon:
             if html and 0 <= mono - at < every:
                 return html
             doc, days = self.status(), self.days.of(list(self.cycles))
-            html = render(doc, days, self.wall(), every)
+            config = None if self.config_path is None else str(self.config_path)
+            html = render(doc, days, self.wall(), every, config)
             self._page = (self.mono(), html)
             return html
 

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlx_watchdog.judge.advice import nobody_restarts
 from mlx_watchdog.judge.cause import NEXT_STEP, WORDS, Cause
+from mlx_watchdog.judge.commands import suggest
 from mlx_watchdog.judge.states import BAD_STATES
 from mlx_watchdog.record.document import ServerStatus, Waiting
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
@@ -24,9 +25,19 @@ class Note:
     next: str = ""
 
 
-def notes(s: ServerStatus, *, live: bool = True) -> list[Note]:
+def notes(s: ServerStatus, *, live: bool = True, config: str | None = None) -> list[Note]:
     """The notes of one server, the loudest first. `live`: the daemon runs (what only it
-    knows, a restart's measured cost, is said then)."""
+    knows, a restart's measured cost, is said then). Each command suggested runs as typed:
+    for `config` (a path other than the default), this server and its incident."""
+    incident = s.incident.id if s.incident is not None else None
+
+    def typed(text: str) -> str:
+        return suggest(text, config, server=s.name, incident=incident)
+
+    return [replace(n, text=typed(n.text), next=typed(n.next)) for n in _notes(s, live=live)]
+
+
+def _notes(s: ServerStatus, *, live: bool) -> list[Note]:
     found: list[Note] = []
     if s.needs_person:
         found.append(Note(ALERT, "A person is needed", s.needs_person, after_hold(s.name)))
@@ -67,7 +78,7 @@ def notes(s: ServerStatus, *, live: bool = True) -> list[Note]:
 def after_hold(name: str) -> str:
     return (
         "once the cause is dealt with, a healthy probe ends the hold by itself; to restart it "
-        f"now: mlx-watchdog restart {name} (the history: mlx-watchdog history --server {name})"
+        f"now: `mlx-watchdog restart {name}` (the history: `mlx-watchdog history --show`)"
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from html import escape
 
+from mlx_watchdog.judge.commands import suggest
 from mlx_watchdog.judge.states import SERVING_STATES, SHOWN_STATES, UNKNOWN, State
 from mlx_watchdog.record.document import ServerStatus, Status, WatchdogLine
 from mlx_watchdog.record.tally import DAY
@@ -77,13 +78,16 @@ def refresh_s(interval: float) -> int:
     return int(min(60, max(5, round(interval))))
 
 
-def render(doc: Status, days: dict[str, Day], now: float, reload_s: int) -> str:
+def render(
+    doc: Status, days: dict[str, Day], now: float, reload_s: int, config: str | None = None
+) -> str:
     """The page for a status document (as `/status` serves it) and each server's day."""
     servers = doc.servers
     down = [s for s in servers if not s.serving]
     title = f"{len(down)} of {len(servers)} unavailable" if down else "all serving"
     sections = "\n".join(
-        _server(s, days.get(s.name) or Day(since=now - DAY, until=now), now) for s in servers
+        _server(s, days.get(s.name) or Day(since=now - DAY, until=now), now, config)
+        for s in servers
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -114,27 +118,27 @@ def _header(w: WatchdogLine, now: float, reload_s: int) -> str:
     )
 
 
-def _server(s: ServerStatus, day: Day, now: float) -> str:
+def _server(s: ServerStatus, day: Day, now: float, config: str | None) -> str:
     fitted = _fit(day)
     state = s.state if s.state in SHOWN_STATES else UNKNOWN
     name = escape(s.name)
     return f"""<section class="server s-{state}" id="server-{name}" data-state="{state}">
 <h2><span class="badge s-{state}">{state}</span>{name}</h2>
 <p class="reason">{escape(s.reason)}</p>
-{"".join(_notes(s))}
+{"".join(_notes(s, config))}
 {_numbers(s, now, day)}
 {_strip(day)}
 {_timeline(fitted)}
 {_ttft_chart(fitted)}
 {_hourly(day)}
 {_incidents(day, now)}
-{_advice(s.name, day, now)}
+{_advice(s.name, day, now, config)}
 {f'<p class="alert">{escape(day.problem)}</p>' if day.problem else ""}
 </section>"""
 
 
-def _notes(s: ServerStatus) -> Iterable[str]:
-    for n in notes(s):
+def _notes(s: ServerStatus, config: str | None = None) -> Iterable[str]:
+    for n in notes(s, config=config):
         then = f" Next: {escape(n.next)}" if n.next else ""
         css = "alert" if n.level == ALERT else "note"
         yield f'<p class="{css}">{escape(n.label)}: {escape(_cut(n.text))}.{then}</p>'
@@ -349,12 +353,13 @@ def _incidents(day: Day, now: float) -> str:
     )
 
 
-def _advice(name: str, day: Day, now: float) -> str:
+def _advice(name: str, day: Day, now: float, config: str | None) -> str:
     a = day.advice
     if a is None:
+        run = suggest("mlx-watchdog calibrate", config, server=name)
         return (
             '<h3>Timeouts clients need</h3><p class="note">Not calibrated yet: run '
-            f"<code>mlx-watchdog calibrate --server {escape(name)}</code>.</p>"
+            f"<code>{escape(run)}</code>.</p>"
         )
     when = "" if a["at"] is None else f" (calibrated {_ago(now - a['at'])})"
     return (
