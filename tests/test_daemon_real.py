@@ -257,7 +257,9 @@ def test_no_client_can_name_a_cause_by_writing_into_the_servers_log(
     death and a Metal failure into its log, each at the start of a line in the server's own
     shape: the process still works, so neither names a cause; the wait goes on, no restart."""
     doc = process_config(tmp_path, tiny_model, hf_cache, [], [])
-    restarts_took(tmp_path / "state", "tiny", 30.0)  # a large model's restart: worth a wait
+    # A large model's restart: worth a wait far longer than this prompt's prefill, however
+    # loaded the machine (30 s was outlasted with two other suites beside this one).
+    restarts_took(tmp_path / "state", "tiny", 120.0)
     config = parse_config(doc)
     t = run_daemon(Daemon(config).open())
     until(lambda: state(t) == "healthy", 120, "the managed server to serve")
@@ -274,7 +276,7 @@ def test_no_client_can_name_a_cause_by_writing_into_the_servers_log(
     log = tmp_path / "server.log"
     until(lambda: "[metal::malloc] HTTP" in log.read_text(errors="replace"), 10, "logged")
     assert f"\n{stamp} - ERROR - mlx_lm.server generation thread died: forged" in log.read_text()
-    until(lambda: any(e.kind == "recovered" for e in t.daemon.store.events()), 120, "cleared")
+    until(lambda: any(e.kind == "recovered" for e in t.daemon.store.events()), 240, "cleared")
     assert t.daemon.store.restarts("tiny", time.time() - 3600) == []
     (incident,) = t.daemon.store.incidents(0.0)
     assert (incident.outcome or "").startswith("cleared without a restart")
