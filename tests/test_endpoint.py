@@ -642,3 +642,41 @@ def test_a_keep_alive_client_is_told_to_reconnect_never_cut_mid_request(
         server.shutdown()
         server.server_close()
     assert answered > 10 and closes >= 2  # past two connections' lifetimes, none cut
+
+
+def test_a_typo_in_the_config_on_disk_blinds_no_command_while_the_daemon_runs(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    """The daemon runs on the config it loaded; a typo written since made status, history and
+    restart exit 3 with the config error (a monitoring check said UNKNOWN). They read the
+    running watchdog's record now, and say the config on disk has an error; with no watchdog
+    running the error is all there is (exit 3)."""
+    srv = bad_server("ok")
+    state = tmp_path / "state"
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        f'[watchdog]\nstate_dir = "{state}"\nlisten = "127.0.0.1:0"\ninterval = "300ms"\n\n'
+        f'[[server]]\nname = "bad"\nurl = "{srv.url}"\nmatch = "badserver"\n'
+    )
+    log = tmp_path / "daemon.log"
+    proc = daemon_process(cfg, log)
+    try:
+        until(lambda: "bad healthy" in log.read_text(), 30, "healthy")
+        cfg.write_text(cfg.read_text().replace("interval =", "intervall ="))  # the typo
+        shown = cli(cfg, "status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        doc = json.loads(shown.stdout)
+        assert doc["watchdog"]["pid"] == proc.pid and doc["servers"][0]["state"] == "healthy"
+        assert "config error:" in shown.stderr and '"intervall"' in shown.stderr
+        assert "showing what the watchdog recorded" in shown.stderr
+        assert cli(cfg, "history").returncode == 0
+        # The ask reaches the daemon, which answers it (manager = "none": refused at once).
+        asked = cli(cfg, "restart", "bad", "--json")
+        assert asked.returncode == 1, asked.stderr
+        assert "the watchdog only watches bad" in json.loads(asked.stdout)["refused"]
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    alone = cli(cfg, "status")
+    assert alone.returncode == 3 and '"intervall"' in alone.stderr
+    assert "showing what the watchdog recorded" not in alone.stderr

@@ -17,6 +17,7 @@ from mlx_watchdog.cli.app import (
     escape,
     load_or_exit,
     out,
+    running_or_loaded,
     server_names,
     suggest,
 )
@@ -46,12 +47,15 @@ def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
 
     from mlx_watchdog.serve.client import DaemonNotRunning, history_status, live_status
 
-    cfg = load_or_exit(config_path)
+    cfg, state_dir = running_or_loaded(config_path)
 
     def fetch() -> Status:
         try:
-            return live_status(cfg.watchdog.state_dir)
+            return live_status(state_dir)
         except DaemonNotRunning as exc:
+            if cfg is None:  # neither the config nor a running watchdog: nothing to show
+                load_or_exit(config_path)
+            assert cfg is not None
             return history_status(cfg, str(exc))
 
     doc = fetch()
@@ -259,18 +263,18 @@ def history(
     from mlx_watchdog.config import ConfigError, parse_duration
     from mlx_watchdog.record.store import open_history
 
-    cfg = load_or_exit(config_path)
+    cfg, state_dir = running_or_loaded(config_path, need_daemon=False)
     try:
         window = parse_duration(since, "--since")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        if server_name is not None:
+        if server_name is not None and cfg is not None:
             cfg.server(server_name)
     except ConfigError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(UNKNOWN_EXIT)
-    store = open_history(cfg.watchdog.state_dir, create=False)
+    store = open_history(state_dir, create=False)
     try:
         if number is not None:
             sys.exit(_show(store, number, as_json, config_path))
@@ -399,15 +403,15 @@ def _action(action: str) -> click.Command:
         from mlx_watchdog.config import ConfigError
         from mlx_watchdog.serve.client import ActionRefused, DaemonNotRunning, act
 
-        cfg = load_or_exit(config_path)
+        cfg, state_dir = running_or_loaded(config_path)
         try:
-            server = cfg.server(name)
+            server = cfg.server(name) if cfg is not None else None
         except ConfigError as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             sys.exit(UNKNOWN_EXIT)
         asked = time.time()
         try:
-            message = act(cfg.watchdog.state_dir, name, action)
+            message = act(state_dir, name, action)
         except DaemonNotRunning as exc:
             said = suggest(f"{exc}; start it with `mlx-watchdog run`", config_path)
             err.print(f"[red]error:[/red] {escape(said)}")
@@ -423,13 +427,21 @@ def _action(action: str) -> click.Command:
             else:
                 echo(message)
             return
-        restart, drain = server.restart, server.restart.drain_timeout if server.restart.drain else 0
-        bound = drain + restart.stop_grace + restart.command_timeout + server.probe.startup_grace
-        limit = bound + 2 * cfg.watchdog.interval + 10
-        sys.exit(_await_restart(cfg, name, asked, limit, config_path, as_json))
+        limit = UNREAD_BOUND  # the config on disk cannot say: the longest a restart may take
+        if cfg is not None and server is not None:
+            restart = server.restart
+            drain = restart.drain_timeout if restart.drain else 0
+            bound = (
+                drain + restart.stop_grace + restart.command_timeout + server.probe.startup_grace
+            )
+            limit = bound + 2 * cfg.watchdog.interval + 10
+        sys.exit(_await_restart(state_dir, name, asked, limit, config_path, as_json))
 
     command.__doc__ = help_text
     return click.command(action, help=help_text)(command)
+
+
+UNREAD_BOUND = 900.0  # seconds: a restart's wait when the config cannot say how long
 
 
 def _json_out(doc: dict[str, Any]) -> None:
@@ -439,7 +451,7 @@ def _json_out(doc: dict[str, Any]) -> None:
 
 
 def _await_restart(
-    cfg: Any,
+    state_dir: Path,
     name: str,
     asked: float,
     bound: float,
@@ -454,7 +466,7 @@ def _await_restart(
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
         try:
-            doc = live_status(cfg.watchdog.state_dir)
+            doc = live_status(state_dir)
         except DaemonNotRunning as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))} while the restart ran")
             return UNKNOWN_EXIT

@@ -11,6 +11,7 @@ from mlx_watchdog.config.parse import (
     load_config,
     parse_config,
     resolve_config_path,
+    state_dir_of,
 )
 from mlx_watchdog.config.render import (
     append_server,
@@ -67,6 +68,7 @@ __all__ = [
     "parse_size",
     "parse_url",
     "resolve_config_path",
+    "state_dir_of",
     "template",
     "to_toml",
     "when_fields",

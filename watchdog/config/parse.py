@@ -96,6 +96,24 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     return parse_config(data, source=source)
 
 
+def state_dir_of(path: Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The state folder a config names, even when the rest of it is wrong (a typo elsewhere):
+    where the running watchdog, started from it before, keeps its record and history. The
+    default folder when the file cannot say."""
+    import tomllib
+
+    env = os.environ if env is None else env
+    try:
+        source, _ = resolve_config_path(path, env)
+        raw = tomllib.loads(source.read_bytes()[:MAX_CONFIG].decode("utf-8"))
+        given = raw.get("watchdog", {}).get("state_dir")
+        if isinstance(given, str):
+            return parse_config({"watchdog": {"state_dir": given}}).watchdog.state_dir
+    except (OSError, ValueError, AttributeError, ConfigError):
+        pass
+    return parse_config({}).watchdog.state_dir
+
+
 def parse_config(data: Mapping[str, Any], source: Path | None = None) -> Config:
     errors: list[str] = []
     warnings: list[str] = []
