@@ -122,13 +122,11 @@ def server_names(ctx: click.Context, param: click.Parameter, incomplete: str) ->
     return [s.name for s in config.servers if s.name.startswith(incomplete)]
 
 
-def running_or_loaded(
-    config_path: Path | None, *, need_daemon: bool = True
-) -> tuple[Config | None, Path]:
+def running_or_loaded(config_path: Path | None) -> tuple[Config | None, Path]:
     """The config and its state folder; or, when the config on disk has an error (a typo
-    since the watchdog started), None and the folder it names, said on stderr, so that the
-    commands that read what the watchdog recorded still answer. `need_daemon`: only when a
-    watchdog runs there (else the error, exit 3, as before)."""
+    since the watchdog started) and a watchdog runs on the folder it names, None and that
+    folder, said on stderr, so that the commands that read what it recorded still answer.
+    With no watchdog running, the error (exit 3), as before."""
     from mlx_watchdog.config import ConfigError, load_config, state_dir_of
     from mlx_watchdog.serve.client import DAEMON_FILE
 
@@ -136,7 +134,7 @@ def running_or_loaded(
         config = load_config(config_path)
     except ConfigError as exc:
         state_dir = state_dir_of(config_path)
-        if need_daemon and not (state_dir / DAEMON_FILE).exists():
+        if not (state_dir / DAEMON_FILE).exists():
             load_or_exit(config_path)  # says the error and exits
         said = suggest(
             f"{exc}; showing what the watchdog recorded in {state_dir} (a running watchdog "

@@ -263,7 +263,7 @@ def history(
     from mlx_watchdog.config import ConfigError, parse_duration
     from mlx_watchdog.record.store import open_history
 
-    cfg, state_dir = running_or_loaded(config_path, need_daemon=False)
+    cfg, state_dir = running_or_loaded(config_path)
     try:
         window = parse_duration(since, "--since")
     except ValueError as exc:
