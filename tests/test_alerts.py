@@ -72,3 +72,30 @@ def test_failing_hook_and_unknown_url_are_logged(
     assert "is not one Apprise knows" in caplog.text and "token123" not in caplog.text
     assert list(alerter.delivered) == []
     alerter.close()
+
+
+def test_alert_test_says_which_channel_reached(
+    receiver: Receiver, hook: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    """`mlx-watchdog alert test` sends one test alert through each channel of the config and
+    says which reached: the webhook and the hook do, a URL nobody listens on does not (exit 1);
+    no channel at all is exit 3."""
+    from tests.conftest import free_port, mlx_watchdog
+
+    argv, got = hook
+    cfg = tmp_path / "c.toml"
+    dead = f"json://127.0.0.1:{free_port()}/x?rto=2&cto=2"
+    body = (
+        f'[watchdog]\nstate_dir = "{tmp_path / "s"}"\nalerts = ["{receiver.url("a")}", "{dead}"]\n'
+    )
+    cfg.write_text(body + f"on_event = {json.dumps(argv)}\n")
+    done = mlx_watchdog("alert", "test", "--config", str(cfg), timeout=120)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("NOT delivered" in line for line in lines) == 1 and len(lines) == 3, lines
+    assert "on_event hook: delivered" in lines
+    assert receiver.received[0]["title"] == "a test alert from mlx-watchdog"
+    assert json.loads(got.read_text())["kind"] == "test"
+    cfg.write_text(f'[watchdog]\nstate_dir = "{tmp_path / "s"}"\n')
+    none = mlx_watchdog("alert", "test", "--config", str(cfg))
+    assert none.returncode == 3 and "no channel to test" in none.stderr

@@ -595,3 +595,37 @@ def test_a_daemon_is_built_for_nothing_and_opened_and_closed_in_reverse(tmp_path
     with Daemon(config) as again:
         assert again.store.problem is None
     again.close()  # closed already: nothing to undo
+
+
+def test_a_reload_applies_the_alert_channels_and_names_what_needs_a_restart(
+    tmp_path: Path, hook: tuple[list[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGHUP said "config reloaded" and kept the alert channels it was started with. Now a
+    new on_event is the one the next event goes to, and a setting a reload cannot change
+    under a running watchdog (its listen address) is named, with when it takes effect."""
+    from mlx_watchdog.config import to_toml
+    from mlx_watchdog.judge.states import EventKind
+    from mlx_watchdog.record.alerts import Event
+
+    argv, got = hook
+    cfg = tmp_path / "c.toml"
+    raw: dict[str, object] = {
+        "watchdog": {"state_dir": str(tmp_path / "s"), "listen": "127.0.0.1:0"}
+    }
+    cfg.write_text(to_toml(raw))
+    with Daemon(parse_config(raw), config_path=cfg) as daemon:
+        assert daemon.alerter.channels == []
+        raw["watchdog"] = {
+            "state_dir": str(tmp_path / "s"),
+            "listen": "127.0.0.1:1",
+            "on_event": argv,
+        }
+        cfg.write_text(to_toml(raw))
+        assert daemon.reload()
+        daemon.alerter.send(Event(EventKind.TEST, "x", time.time(), "after the reload"))
+        daemon.alerter.flush(30)
+        assert json.loads(got.read_text())["message"] == "after the reload"
+    said = [r.getMessage() for r in caplog.records if "takes effect when" in r.getMessage()]
+    assert said == [
+        "watchdog.listen_port changed (0 -> 1): it takes effect when the watchdog restarts"
+    ]

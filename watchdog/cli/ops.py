@@ -441,6 +441,37 @@ def _action(action: str) -> click.Command:
     return click.command(action, help=help_text)(command)
 
 
+@click.group()
+def alert() -> None:
+    """The alert channels (watchdog.alerts and watchdog.on_event)."""
+
+
+@alert.command("test")
+@config_option
+def alert_test(config_path: Path | None) -> None:
+    """Send a test alert through every channel the config names, and say which reached.
+    Exit 0 all delivered, 1 some failed, 3 none configured."""
+    import socket
+
+    from mlx_watchdog.judge.states import EventKind
+    from mlx_watchdog.record.alerts import Alerter, Event
+
+    cfg = load_or_exit(config_path)
+    settings = cfg.watchdog
+    alerter = Alerter(settings.alerts, settings.on_event)
+    alerter.close()  # nothing goes through its queue: each channel is tried here, in turn
+    if not alerter.channels:
+        said = "no channel to test: set watchdog.alerts or watchdog.on_event in the config"
+        err.print(escape(suggest(said, config_path)))
+        sys.exit(UNKNOWN_EXIT)
+    where = cfg.source or "the default config"
+    message = f"a test alert from the watchdog on {socket.gethostname()}, sent as {where} says"
+    tried = alerter.each(Event(EventKind.TEST, "mlx-watchdog", time.time(), message))
+    for name, reached in tried:
+        echo(f"{name}: {'delivered' if reached else 'NOT delivered (see above)'}")
+    sys.exit(0 if all(reached for _, reached in tried) else 1)
+
+
 UNREAD_BOUND = 900.0  # seconds: a restart's wait when the config cannot say how long
 
 
@@ -502,6 +533,7 @@ def _await_restart(
 
 
 COMMANDS = (
+    alert,
     status,
     open_page,
     history,

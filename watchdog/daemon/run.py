@@ -59,6 +59,10 @@ STALLED_SETTLE = 2.0  # a stalled daemon's wait for its jobs before it interrupt
 COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
 
 
+# What a reload cannot change under a running watchdog: its endpoint and its state folder.
+NEEDS_RESTART = ("listen_host", "listen_port", "open_routes", "state_dir")
+
+
 class Daemon:
     """The running watchdog: one job per server, the endpoint, signals, reloads and a
     bounded stop. Wiring only: what each server's cycle decides is in cycle/."""
@@ -411,11 +415,22 @@ class Daemon:
                 self.cycles[name].start_server()
             elif old.get(name) != server:
                 self.cycles[name].reconfigure_later(server)
-        self.config = new
+        before, self.config = self.config.watchdog, new
+        after = new.watchdog
+        if (before.alerts, before.on_event) != (after.alerts, after.on_event):
+            self.alerter.use(after.alerts, after.on_event)
         if self._running:
             self._schedule()
             self.calendar.restart(new)
         log.info("config reloaded: watching %s", ", ".join(self.cycles))
+        for key in NEEDS_RESTART:
+            if getattr(before, key) != getattr(after, key):
+                log.warning(
+                    "watchdog.%s changed (%s -> %s): it takes effect when the watchdog restarts",
+                    key,
+                    getattr(before, key),
+                    getattr(after, key),
+                )
         return True
 
     def _manager(self, server: ServerConfig) -> Manager:

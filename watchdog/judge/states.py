@@ -37,6 +37,7 @@ class EventKind(StrEnum):
     GAVE_UP = "gave_up"  # history only: clients that left mid-request
     SUMMARY = "summary"  # the daily summary
     MAINTENANCE = "maintenance"  # a maintenance window: calibrated, restarted, or skipped
+    TEST = "test"  # `mlx-watchdog alert test`: the channels reach someone
 
 
 ALERTS = frozenset(EventKind) - {EventKind.TICK_FAILED, EventKind.GAVE_UP}

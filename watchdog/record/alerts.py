@@ -39,6 +39,7 @@ TITLES: dict[EventKind, str] = {
     EventKind.SEEING: "the watchdog sees {server} again",
     EventKind.SUMMARY: "{server}: the last 24 hours",
     EventKind.MAINTENANCE: "maintenance of {server}",
+    EventKind.TEST: "a test alert from {server}",
 }
 
 
@@ -141,9 +142,9 @@ class Alerter:
         timeout: float = 15.0,
         notify: Notify = apprise_notify,
     ) -> None:
-        self.channels: list[Channel] = [AppriseChannel(u, notify) for u in urls]
-        if hook:
-            self.channels.append(HookChannel(tuple(hook)))
+        self._notify = notify
+        self.channels: list[Channel] = []
+        self.use(urls, hook)
         self.timeout = timeout
         # The last deliveries (channel, event kind), bounded: a long-running daemon keeps no more.
         self.delivered: deque[tuple[str, str]] = deque(maxlen=100)
@@ -152,6 +153,14 @@ class Alerter:
         self._queue: queue.Queue[Event | threading.Event | None] = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="alerts", daemon=True)
         self._worker.start()
+
+    def use(self, urls: Sequence[str], hook: Sequence[str] = ()) -> None:
+        """Send to these channels from now on (a reload): one assignment, so the sending thread
+        sees the old list or the new one, never a list being changed."""
+        channels: list[Channel] = [AppriseChannel(u, self._notify) for u in urls]
+        if hook:
+            channels.append(HookChannel(tuple(hook)))
+        self.channels = channels
 
     def send(self, event: Event) -> None:
         self._queue.put(event)
@@ -177,7 +186,12 @@ class Alerter:
             for channel in self.channels:
                 self._deliver(channel, event)
 
-    def _deliver(self, channel: Channel, event: Event) -> None:
+    def each(self, event: Event) -> list[tuple[str, bool]]:
+        """Deliver `event` now, on this thread, through each channel in turn (each bounded by
+        the timeout): whether each reached, by name. For a test; events go through `send`."""
+        return [(channel.name, self._deliver(channel, event)) for channel in self.channels]
+
+    def _deliver(self, channel: Channel, event: Event) -> bool:
         result: list[bool] = []
 
         def run() -> None:
@@ -194,5 +208,7 @@ class Alerter:
             log.error("%s timed out after %gs", channel.name, self.timeout)
         elif result and result[0]:
             self.delivered.append((channel.name, event.kind))
+            return True
         elif result:
             log.error("%s was not delivered", channel.name)
+        return False
