@@ -95,17 +95,22 @@ def main() -> None:
             result["status_json_no_daemon_ms"] = median_ms(
                 [str(py), "-m", "mlx_watchdog", "status", "--json"], run_env, args.runs
             )
-            daemon = subprocess.Popen(
-                [py, "-m", "mlx_watchdog", "run"],
-                env=run_env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            said = work / "daemon.err"
+            with said.open("w") as err:
+                daemon = subprocess.Popen(
+                    [py, "-m", "mlx_watchdog", "run"],
+                    env=run_env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
             try:
                 deadline = time.monotonic() + 30
                 while not (state / "daemon.json").exists() and time.monotonic() < deadline:
                     if daemon.poll() is not None:
-                        raise SystemExit(f"the watchdog exited with {daemon.returncode} at start")
+                        raise SystemExit(
+                            f"the watchdog exited with {daemon.returncode} at start: "
+                            + said.read_text()[-2000:]
+                        )
                     time.sleep(0.1)
                 time.sleep(5)  # a few ticks: the probe, the inspector and the store have run
                 if daemon.poll() is not None or not (state / "daemon.json").exists():
