@@ -407,3 +407,49 @@ def test_an_ipv4_mapped_loopback_is_loopback(host: str, loopback: bool) -> None:
     cfg = parse_config({"watchdog": {"listen": f"[{host}]:9999"}})
     reachable = [w for w in cfg.warnings if "reachable from other machines" in w]
     assert bool(reachable) is not loopback, cfg.warnings
+
+
+def test_a_program_the_config_names_that_cannot_run_is_a_problem_for_check_and_doctor(
+    tmp_path: Path,
+) -> None:
+    """A `command` not on the PATH passed `config check` ("config ok") and showed only as "the
+    server process is gone". Now check and doctor name the key and the value; a program found
+    only on this shell's PATH is named too (a service's PATH is shorter)."""
+    import os
+    import stat
+
+    from mlx_watchdog.config.programs import unrunnable
+    from tests.conftest import mlx_watchdog
+
+    mine = tmp_path / "bin"
+    mine.mkdir()
+    tool = mine / "my-server"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[watchdog]\nstate_dir = "{tmp_path / "s"}"\n\n'
+        '[[server]]\nname = "a"\nurl = "http://127.0.0.1:8080"\nmanager = "process"\n'
+        'command = ["mlx_lm.serverx", "--port", "8080"]\n\n'
+        '[[server]]\nname = "b"\nurl = "http://127.0.0.1:8081"\nmanager = "process"\n'
+        'command = ["my-server"]\n\n'
+        '[[server]]\nname = "c"\nurl = "http://127.0.0.1:8082"\nmanager = "process"\n'
+        'command = ["/bin/sh", "-c", "true"]\n'
+    )
+    from mlx_watchdog.config import load_config
+
+    said = unrunnable(load_config(cfg), {"PATH": f"{mine}{os.pathsep}/usr/bin:/bin"})
+    assert (
+        said[0]
+        == '[[server]] "a": command[0] = "mlx_lm.serverx" is not on the PATH; name it by its absolute path'
+    )
+    assert said[1].startswith('[[server]] "b": command[0] = "my-server" is found only on this')
+    assert str(tool) in said[1] and len(said) == 2
+    checked = mlx_watchdog("config", "check", "--config", str(cfg))
+    assert checked.returncode == 1 and "config ok" not in checked.stderr
+    assert 'command[0] = "mlx_lm.serverx" is not on the PATH' in checked.stderr
+    doctor = mlx_watchdog("doctor", "--json", "--config", str(cfg))
+    import json
+
+    problems = [f["detail"] for f in json.loads(doctor.stdout) if f["level"] == "problem"]
+    assert any('"mlx_lm.serverx" is not on the PATH' in p for p in problems), problems

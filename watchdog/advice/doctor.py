@@ -17,6 +17,7 @@ from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
+from mlx_watchdog.config.programs import unrunnable
 from mlx_watchdog.judge.advice import retry_loop, tokens_label, unattended
 from mlx_watchdog.judge.states import BAD_STATES, EventKind
 from mlx_watchdog.record.left_probes import LeftProbes, left_probes
@@ -54,6 +55,8 @@ def run_doctor(
     yield Finding("ok", "config", f"valid ({source})")
     for warning in config.warnings:
         yield Finding("warning", "config", warning)
+    for problem in unrunnable(config, env):
+        yield Finding("problem", "config", problem, "the watchdog cannot start or restart it")
     yield from service_findings(system, home, env)
     if service.default_kind() == "launchd":
         yield from mac_findings(config, home, system, python=service.interpreter())

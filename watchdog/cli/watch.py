@@ -327,17 +327,24 @@ def config_check(config_path: Path | None, as_json: bool) -> None:
     import json
 
     from mlx_watchdog.config import effective, to_toml
+    from mlx_watchdog.config.programs import unrunnable
 
     cfg = load_or_exit(config_path)
     data = effective(cfg)
+    problems = unrunnable(cfg)
     if as_json:
-        click.echo(
-            json.dumps({"source": str(cfg.source) if cfg.source else None, **data}, indent=2)
-        )
-        return
+        source = str(cfg.source) if cfg.source else None
+        click.echo(json.dumps({"source": source, "problems": problems, **data}, indent=2))
+        sys.exit(1 if problems else 0)
     source = str(cfg.source) if cfg.source else "no config file: the embedded default"
-    err.print(f"config ok ({source})", style="green")
+    for problem in problems:
+        err.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
+    if problems:
+        err.print(f"config valid but {len(problems)} program(s) cannot be run ({source})")
+    else:
+        err.print(f"config ok ({source})", style="green")
     click.echo(to_toml(data), nl=False)
+    sys.exit(1 if problems else 0)
 
 
 @config.command("init")
