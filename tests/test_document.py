@@ -203,3 +203,27 @@ def test_the_terminal_and_the_page_say_the_same_notes() -> None:
         for words in (n.label, n.text, n.next):
             assert " ".join(words.split()) in terminal, words
             assert " ".join(words.split()).replace("<", "&lt;") in html, words
+
+
+def test_status_fits_80_columns_with_a_20_character_name() -> None:
+    """Headers and values were cut at 80 columns ("traff...", "802 M..."): every cell whole,
+    every line of the table within 80, live or from the history."""
+    from rich.console import Console
+
+    from mlx_watchdog.cli.ops import _status_view
+
+    doc = status_doc(NOW, ("starting", "wedged"))
+    doc = changed(
+        doc, 0, name="a-twenty-char-server", pid=1234567, rss_bytes=123 << 30, ttft_p50_s=12.5
+    )
+    doc = changed(doc, 1, restarting=True, ttft_p95_s=123.4, restarts_24h=12, budget_left=10)
+    for shown in (doc, replace(doc, watchdog=WatchdogLine(why="not running"))):
+        console = Console(width=80, record=True)
+        console.print(_status_view(shown))
+        lines = console.export_text().splitlines()
+        table = lines[1:4]
+        assert all(len(line) <= 80 and "…" not in line for line in table), table
+        assert "a-twenty-char-server" in table[1], table
+        gone = not shown.watchdog.running  # from the history: the PID has exited since
+        assert ("gone" if gone else "123.0G") in table[1], table
+        assert "traffic" in table[0] and "RSS" in table[0]

@@ -232,7 +232,7 @@ def test_status_and_history_with_the_daemon_running_and_stopped(
     assert server["last_restart"]["outcome"] == "recovered"
     human = cli(cfg, "status")
     assert human.returncode == 3 and "not running" in human.stdout
-    assert "was healthy," in human.stdout  # the last probe's state, said as past
+    assert "(recorded " in human.stdout  # the last probe's state, said as past
 
     history = cli(cfg, "history", "--json")
     assert history.returncode == 0

@@ -39,10 +39,11 @@ if TYPE_CHECKING:
 def status(config_path: Path | None, as_json: bool, watch: bool) -> None:
     """Show what the running watchdog sees, or the last recorded state when it is not running.
 
-    Columns: state, when a probe last got a token, time to first token (median and 95th
-    percentile over the last hour), restarts in 24 h, restarts left in the budget, the
-    server's PID and memory. Exit code: as for probe (the worst server), or 3 when the
-    watchdog is not running.
+    Columns: state; traffic (in: a balancer reading /healthz sends it requests; out, drained
+    or restart: it does not); how long ago a probe last got a token; the time to first token
+    (median and 95th percentile over the last hour, seconds); restarts in 24 h / restarts left
+    in the budget; the server's PID and memory. The reason and what to do follow. Exit code:
+    as for probe (the worst server), or 3 when the watchdog is not running.
     """
 
     from mlx_watchdog.serve.client import DaemonNotRunning, history_status, live_status
@@ -141,18 +142,11 @@ def _status_view(doc: Status, config_path: Path | None = None) -> Group:
 
     now = time.time()
     live = doc.watchdog.running
-    table = Table(box=None, padding=(0, 1), header_style="dim")
-    columns = (
-        "server",
-        "state",
-        "traffic",
-        "last token",
-        "TTFT p50/p95",
-        "restarts",
-        "left",
-        "PID",
-    )
-    for column in columns:
+    # Fits 80 columns with a 20-character server name: one space between columns, none at
+    # the edges, every cell short (the words are in the notes below).
+    table = Table(box=None, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    table.header_style = "dim"
+    for column in ("server", "state", "traffic", "token", "TTFT p50/95", "rst/left", "PID"):
         table.add_column(column, no_wrap=True)
     table.add_column("RSS", no_wrap=True, justify="right")
     notes = []
@@ -161,25 +155,26 @@ def _status_view(doc: Status, config_path: Path | None = None) -> Group:
         shown = f"[{STATE_STYLE.get(state, 'bold')}]{state}[/]"
         pid, rss = s.pid, s.rss_bytes
         pid_cell = "-" if pid is None else str(pid)
-        rss_cell = "-" if rss is None else f"{rss / 2**20:.0f} MiB"
+        rss_cell = "-" if rss is None else _size(rss)
+        gone = ""
         if not live:
-            # The last recorded probe, not the server now: said as such, and a PID that has
-            # exited since (the watchdog stopped its own server, say) is said gone.
-            shown = f"[dim]was {state}, {_ago(s.judged_at, now)}[/]"
+            # The last recorded probe, not the server now: said as such (dim, and when in the
+            # notes), and a PID that has exited since (the watchdog stopped its server) gone.
+            shown = f"[dim]{state}[/]"
             if pid is not None and not _alive(pid):
-                pid_cell, rss_cell = f"{pid} (gone)", "-"
+                pid_cell, rss_cell, gone = "gone", "-", f"; PID {pid} has exited since"
         table.add_row(
             s.name,
             shown,
             _traffic(s) if live else "-",
-            _ago(s.last_token_at, now),
-            f"{_ms(s.ttft_p50_s)}/{_ms(s.ttft_p95_s)} ms",
-            str(s.restarts_24h),
-            str(s.budget_left),
+            _short_ago(s.last_token_at, now),
+            _ttft(s.ttft_p50_s, s.ttft_p95_s),
+            f"{s.restarts_24h}/{s.budget_left}",
             pid_cell,
             rss_cell,
         )
-        notes.append(f"[bold]{s.name}[/bold] {escape(s.reason)}")
+        when = "" if live else f" [dim](recorded {_ago(s.judged_at, now)}{gone})[/]"
+        notes.append(f"[bold]{s.name}[/bold]{when} {escape(s.reason)}")
         config = None if config_path is None else str(config_path)
         notes += [_note(n) for n in server_notes(s, live=live, config=config)]
     w = doc.watchdog
@@ -207,7 +202,7 @@ def _traffic(s: ServerStatus) -> str:
     if s.draining:
         return "[yellow]drained[/]"
     if s.restarting:
-        return "[yellow]restarting[/]"
+        return "[yellow]restart[/]"
     return "in" if s.serving else "[red]out[/]"
 
 
@@ -231,8 +226,32 @@ def _ago(at: float | None, now: float) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
+def _short_ago(at: float | None, now: float) -> str:
+    if at is None:
+        return "never"
+    seconds = max(0.0, now - at)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def _ttft(p50: float | None, p95: float | None) -> str:
+    """The time to first token's median and 95th percentile, in seconds, in a few characters."""
+    if p50 is None or p95 is None:
+        return "-"
+
+    def short(x: float) -> str:
+        return f"{x:.2f}" if x < 10 else f"{x:.0f}"
+
+    return f"{short(p50)}/{short(p95)}s"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.0f}M" if n < 10 * 2**30 else f"{n / 2**30:.1f}G"
 
 
 @click.command()
