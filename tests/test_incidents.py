@@ -325,3 +325,24 @@ def test_with_manager_none_every_way_out_says_nobody_restarts_it(tmp_path: Path)
         (shown,) = daemon.status().servers
         said = [n for n in notes(shown) if n.label == "Nobody restarts it"]
         assert len(said) == 1 and "set `manager` in the config" in said[0].text
+
+
+def test_history_lists_the_newest_first_and_the_last_n(tmp_path: Path) -> None:
+    from tests.builders import a_history
+    from tests.conftest import mlx_watchdog
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    a_history(state / "history.db", "s", time.time())  # five incidents, #1 the oldest
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[watchdog]\nstate_dir = "{state}"\n\n[[server]]\nname = "s"\nurl = "http://127.0.0.1:9"\n'
+    )
+    shown = mlx_watchdog("history", "--config", str(cfg))
+    rows = [line.split()[0] for line in shown.stdout.splitlines() if line.split()[:1] != ["#"]]
+    assert rows[:5] == ["5", "4", "3", "2", "1"], shown.stdout
+    last = mlx_watchdog("history", "--last", "2", "--config", str(cfg))
+    assert [line.split()[0] for line in last.stdout.splitlines()[1:3]] == ["5", "4"], last.stdout
+    assert "#3" not in last.stdout
+    as_json = mlx_watchdog("history", "--last", "2", "--json", "--config", str(cfg))
+    assert [i["id"] for i in json.loads(as_json.stdout)] == [4, 5]

@@ -267,14 +267,17 @@ def _size(n: int) -> str:
     type=click.IntRange(min=1),
     help="One incident in full: its evidence, what was done, the server's last words.",
 )
+@click.option("--last", type=click.IntRange(min=1), help="Only the newest N incidents.")
 def history(
     config_path: Path | None,
     since: str,
     server_name: str | None,
     as_json: bool,
     number: int | None,
+    last: int | None,
 ) -> None:
-    """List incidents: start, end, outage, reason, actions and outcome."""
+    """List incidents, the newest first: start, end, outage, reason, actions and outcome
+    (--json: the oldest first, as the history keeps them)."""
     import json
 
     from rich.table import Table
@@ -300,6 +303,8 @@ def history(
         incidents = store.incidents(time.time() - window, server_name)
     finally:
         store.close()
+    if last is not None:
+        incidents = incidents[-last:]
     if as_json:
         import dataclasses
 
@@ -313,6 +318,7 @@ def history(
         table.add_column(
             column, no_wrap=column != "actions", min_width=7 if column == "actions" else None
         )
+    incidents = incidents[::-1]  # the newest first, as people read a log of incidents
     for i in incidents:
         actions = ", ".join(f"{a['action']}: {a['outcome']}" for a in i.actions) or "-"
         table.add_row(
