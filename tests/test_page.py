@@ -537,3 +537,29 @@ def test_a_days_summary_stays_bounded_whatever_the_interval() -> None:
     runs, points, tokens = kept.drawn(now, 1.0)
     assert 86_400 <= tokens <= 86_400 + TOKEN_BUCKET
     assert len(points) <= MAX_POINTS + 1 and len(runs) <= MAX_RUNS + 1
+
+
+def test_each_state_has_its_own_colour_and_the_dashboard_the_same() -> None:
+    """Slow and busy shared one orange, wedged, dead and down one red: each state its own
+    colour now, the page's and the Grafana dashboard's the same."""
+    import json
+
+    from mlx_watchdog.fleet import dashboard
+    from mlx_watchdog.judge.states import SHOWN_STATES
+    from mlx_watchdog.serve.page import COLOURS
+
+    assert set(COLOURS) == set(SHOWN_STATES) and len(set(COLOURS.values())) == len(COLOURS)
+    mapped: dict[str, str] = {}
+
+    def walk(x: object) -> None:
+        if isinstance(x, dict):
+            if "color" in x and x.get("text") in COLOURS:
+                assert mapped.setdefault(x["text"], x["color"]) == x["color"]
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(json.loads(dashboard()))
+    assert mapped == COLOURS

@@ -45,16 +45,17 @@ td.reason{overflow-wrap:anywhere;min-width:10rem}.wide{overflow-x:auto}
 polyline.ttft{fill:none;stroke:#1565c0;stroke-width:1.5}circle.ttft{fill:#1565c0}
 rect.restarts{fill:#c62828}rect.gave-up{fill:#ef6c00}i.restarts{background:#c62828}i.gave-up{background:#ef6c00}
 """
-# As the Grafana dashboard colours them: red, amber, green, blue, grey.
+# One colour per state, as the Grafana dashboard colours them (fleet/dashboard.json): a slow
+# server is not a busy one, nor a dead one down; white text reads on each.
 COLOURS: dict[str, str] = {
     State.HEALTHY: "#2e7d32",
-    State.BUSY: "#ef6c00",
-    State.SLOW: "#ef6c00",
+    State.SLOW: "#a16207",
+    State.BUSY: "#ea580c",
     State.STARTING: "#1565c0",
     State.WEDGED: "#c62828",
-    State.DEAD: "#c62828",
-    State.DOWN: "#c62828",
-    UNKNOWN: "#757575",
+    State.DEAD: "#6a1b9a",
+    State.DOWN: "#263238",
+    UNKNOWN: "#8e8e8e",
 }
 CSS += "".join(
     f".s-{s}{{fill:{c}}}i.s-{s},.badge.s-{s}{{background:{c}}}section.s-{s}{{border-left-color:{c}}}"
