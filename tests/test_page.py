@@ -465,7 +465,7 @@ def test_a_fresh_watchdogs_charts_span_the_last_hour_not_a_day() -> None:
     assert "last 24 hours (" not in html.split("Per hour")[0]
     up = uptime(days["srv-healthy"])
     assert up is not None and 0.6 < up < 0.8  # 15 of the 20 probed minutes served
-    assert f"{100 * up:.2f} %" in html
+    assert f"{100 * up:.2f} % of 20 min" in html  # a share of what was probed, not of a day
 
 
 def test_the_page_shows_where_the_server_is_and_what_to_do_when_held() -> None:
@@ -483,7 +483,7 @@ def test_the_page_shows_where_the_server_is_and_what_to_do_when_held() -> None:
     )
     s = doc.servers[0]
     html = render(doc, days, NOW, 10)
-    for shown in (s.url, "4242", "3072 MiB", "empty_body", s.manager):
+    for shown in (s.url, "4242", "3072 MiB", "200, empty body", s.manager):
         assert f"<dd>{shown}</dd>" in html, shown
     assert "last 24 hours" in html  # a day of history: a day's span
     assert "Next: once the cause is dealt with" in html

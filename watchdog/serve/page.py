@@ -145,6 +145,31 @@ def _notes(s: ServerStatus, config: str | None = None) -> Iterable[str]:
         yield f'<p class="{css}">{escape(n.label)}: {escape(_cut(n.text))}.{then}</p>'
 
 
+# /v1/models as the page says it (the status document names the finding).
+MODELS_WORDS = {
+    "ok": "answers",
+    "empty_body": "200, empty body",
+    "invalid_json": "not JSON",
+    "http_error": "an HTTP error",
+    "not_listed": "model not listed",
+    "too_large": "answer too large",
+    "refused": "refused",
+    "timeout": "no answer in time",
+    "error": "cannot be read",
+}
+
+
+def _served(day: Day) -> str:
+    """The share of the day's probed time served; the span it is a share of, while that is
+    not the whole day yet (a fresh watchdog's 2 minutes are not a day)."""
+    up = uptime(day)
+    if up is None:
+        return "-"
+    probed = sum(r.end - r.start for r in day.runs)
+    of = "" if probed >= DAY - HOUR else f" of {_ago(probed).removesuffix(' ago')}"
+    return f"{100 * up:.2f} %{of}"
+
+
 def uptime(day: Day) -> float | None:
     """The share of the probed time of the day spent serving (healthy, slow or busy); None
     with nothing probed. Time not probed (the watchdog not running) counts for neither."""
@@ -194,13 +219,13 @@ def _numbers(s: ServerStatus, now: float, day: Day) -> str:
         ("incidents (24 h)", str(s.incidents_24h)),
         ("clients that gave up (24 h)", str(s.gave_up_24h)),
         ("in the state since", "-" if since is None else _ago(now - since)),
-        ("serving (24 h)", "-" if (up := uptime(day)) is None else f"{100 * up:.2f} %"),
+        ("serving (24 h)", _served(day)),
         ("serving (30 d)", _share(*day.month)),
         ("address", s.url or "-"),
         ("manager", s.manager or "-"),
         ("PID", "-" if s.pid is None else str(s.pid)),
         ("memory", "-" if s.rss_bytes is None else f"{s.rss_bytes / 2**20:.0f} MiB"),
-        ("/v1/models", s.models_finding or "-"),
+        ("/v1/models", MODELS_WORDS.get(s.models_finding or "", s.models_finding or "-")),
     ]
     cells = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in items)
     return f'<dl class="numbers">{cells}</dl>'
