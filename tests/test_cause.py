@@ -221,8 +221,12 @@ def test_a_spent_budget_says_whether_each_restart_cured_it() -> None:
     cured = budget_spent(3, 3600, 3, Cause.CLIENT_TIMEOUTS)
     assert cured.startswith("3 wedges in the last 3600 s, each cured by a restart")
     assert "clients time out" in cured and "calibrate" in cured and "did not help" not in cured
-    failed = budget_spent(3, 3600, 1, Cause.UNKNOWN)
-    assert "did not help" in failed and "a person is needed" in failed
+    failed = budget_spent(3, 3600, 1, Cause.UNKNOWN, refill_in=1500)
+    assert failed.startswith("3 restarts in the last 3600 s: 1 brought it back for a while, 2")
+    assert "next is allowed in 25 min at the latest" in failed
+    assert "a person is needed" not in failed  # said by the note that shows it: once
+    none = budget_spent(2, 3600, 0, Cause.DEADLOCK)
+    assert none.startswith("2 restarts in the last 3600 s did not bring it back (")
 
 
 # -- the checker against a server that hangs, each sign from a stand-in ------------------------

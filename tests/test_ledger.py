@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_watchdog.cycle.crew import NoSink
+from mlx_watchdog.act.ladder import Ladder
+from mlx_watchdog.cycle.crew import Crew, NoSink
 from mlx_watchdog.cycle.ledger import (
     Acted,
     Advised,
@@ -59,7 +60,8 @@ class Alerts(Alerter):
 
 def a_ledger() -> tuple[Ledger, Store, Told, Alerts]:
     store, sink, alerts = Store(None), Told(), Alerts()
-    return Ledger("s", store, alerts, sink, lambda: NOW), store, sink, alerts
+    crew = Crew(store, alerts, Ladder(), sink, wall=lambda: NOW)
+    return Ledger("s", crew), store, sink, alerts
 
 
 def test_an_incident_from_its_opening_to_its_cure() -> None:

@@ -85,7 +85,7 @@ class Cycle:
         self.checker = checker
         self.crew = crew
         self.store = crew.store  # read here; written only through the ledger
-        self.ledger = Ledger(server.name, crew.store, crew.alerter, crew.sink, crew.wall)
+        self.ledger = Ledger(server.name, crew)
         self.wall, self.mono = crew.wall, crew.mono
         self.verdict: Verdict | None = None
         self.streak = Streak()
@@ -117,6 +117,7 @@ class Cycle:
         self._owner = threading.Lock()
         self._climbing = False
         self._restart_row: Ref = None
+        self._backoff_said: float | None = None
         self._restart_began = 0.0
 
     @property
@@ -589,20 +590,23 @@ class Cycle:
 
     def _budget_allows(self, now: float) -> bool:
         settings = self.server.restart
-        allowance = budget.allowance(settings, self.tally.restarts(now, self.mono()), now)
+        restarts = self.tally.restarts(now, self.mono())
+        allowance = budget.allowance(settings, restarts, now)
         if allowance.spent and self.needs_person is None:
             since = now - settings.window
             cured = sum(1 for at in self.tally.restarts_served if at >= since)
             v = self.verdict
             cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
-            said = budget_spent(allowance.used, settings.window, cured, cause)
+            refill = min((t for t in restarts if t > since), default=now) + settings.window - now
+            said = budget_spent(allowance.used, settings.window, cured, cause, max(0.0, refill))
             self.needs_person = said
             self.ledger.record(Held(now, said))
             self.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))
-        elif not allowance.allowed and not allowance.spent:
+        elif not allowance.spent and allowance.not_before not in (None, self._backoff_said):
+            self._backoff_said = allowance.not_before  # said once per pause, not every tick
             wait = (allowance.not_before or now) - now
             log.info(
-                "%s backing off: next restart not before %.0f s from now", self.server.name, wait
+                "%s backing off: the next restart in %.0f s at the earliest", self.server.name, wait
             )
         return allowance.allowed and not allowance.spent
 

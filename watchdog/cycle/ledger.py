@@ -9,16 +9,15 @@ one order. A new kind of fact is one dataclass below and one branch of `Ledger.r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from mlx_watchdog.cycle.crew import Sink
+from mlx_watchdog.cycle.crew import Crew
 from mlx_watchdog.judge.budget import LastRestart
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.verdict import Verdict
-from mlx_watchdog.record.alerts import Alerter, Event
-from mlx_watchdog.record.store import Ref, Restart, Store
+from mlx_watchdog.record.alerts import Event
+from mlx_watchdog.record.store import Ref, Restart
 from mlx_watchdog.record.tally import Tally
 
 log = logging.getLogger("mlx_watchdog")
@@ -186,20 +185,9 @@ class Ledger:
     """Writes one server's facts: its history rows, its Tally, the sinks and its alerts. Runs
     on the server's own job; `record` returns the row a fact opened (an incident, a restart)."""
 
-    def __init__(
-        self,
-        name: str,
-        store: Store,
-        alerter: Alerter,
-        sink: Sink,
-        wall: Callable[[], float],
-        tally: Tally | None = None,
-    ) -> None:
+    def __init__(self, name: str, crew: Crew, tally: Tally | None = None) -> None:
         self.name = name
-        self.store = store
-        self.alerter = alerter
-        self.sink = sink
-        self.wall = wall
+        self.crew = crew  # its store, sinks and alerter, read at each fact (tests swap them)
         self.tally = tally or Tally()
 
     @overload
@@ -208,20 +196,20 @@ class Ledger:
     def record(self, fact: Fact) -> Ref: ...
 
     def record(self, fact: Fact | Unfinished) -> Ref | list[Restart]:  # noqa: C901, PLR0912, PLR0915 - a branch a fact
-        name, store, tally = self.name, self.store, self.tally
+        name, store, tally, sink = self.name, self.crew.store, self.tally, self.crew.sink
         match fact:
             case Probed(at, v, step):
                 store.record_probe(name, at, v.state, v.reason, v.evidence.to_json(), step=step)
-                self.sink.observe(name, v)
+                sink.observe(name, v)
                 if v.evidence.ttft_s is not None:
                     tally.ttfts.append((at, v.evidence.ttft_s))
                 tally.forget_old(at)
             case Skipped():
-                self.sink.skipped(name)
+                sink.skipped(name)
             case GaveUp(at, n):
                 tally.gave_up.append((at, n))
                 tally.forget_old(at)
-                self.sink.gave_up(name, n)
+                sink.gave_up(name, n)
                 message = f"{n} client(s) gave up mid-request"
                 store.add_event(name, at, EventKind.GAVE_UP, message, {"count": n})
             case Said(at, kind, message, state, data):
@@ -233,8 +221,8 @@ class Ledger:
                     message,
                 )
                 store.add_event(name, at, kind, message, dict(data))
-                self.sink.event(name, kind, dict(data))
-                self.alerter.send(Event(kind, name, at, message, state, dict(data)))
+                sink.event(name, kind, dict(data))
+                self.crew.alerter.send(Event(kind, name, at, message, state, dict(data)))
             case TickFailed(at, problem):
                 store.add_event(name, at, EventKind.TICK_FAILED, problem, {})
             case Opened(at, began, state, reason, evidence):

@@ -333,19 +333,35 @@ NEXT_STEP: dict[Cause, str] = {
 NEXT_STEP[Cause.CLIENT_TIMEOUTS] = NEXT_STEP[Cause.ABANDONED_PREFILL]
 
 
-def budget_spent(used: int, window: float, cured: int, cause: Cause) -> str:
-    """What a spent budget means, in words: restarts that each cured a wedge that came back
-    are not restarts that failed."""
+def budget_spent(
+    used: int, window: float, cured: int, cause: Cause, refill_in: float | None = None
+) -> str:
+    """What a spent budget means, in words, counted honestly: restarts that each cured a
+    wedge that came back are not restarts that failed, and when one is allowed again."""
+    again = (
+        "" if refill_in is None else f"; the next is allowed in {_span(refill_in)} at the latest"
+    )
     if used and cured >= used:
         return (
             f"{used} wedges in the last {window:g} s, each cured by a restart; the cause is still "
             f"there: {WORDS[cause]}; next: {NEXT_STEP[cause]}. Restarts wait until it serves "
-            "again or a person restarts it"
+            f"again or a person restarts it{again}"
         )
+    if cured:
+        counted = (
+            f"{used} restarts in the last {window:g} s: {cured} brought it back for a while, "
+            f"{used - cured} did not"
+        )
+    else:
+        counted = f"{used} restarts in the last {window:g} s did not bring it back"
     return (
-        f"{used} restarts in the last {window:g} s did not help ({WORDS[cause]}); a person is "
-        f"needed: {NEXT_STEP[cause]} (still probing; a healthy probe ends the hold)"
+        f"{counted} ({WORDS[cause]}); next: {NEXT_STEP[cause]} (still probing; a healthy "
+        f"probe ends the hold{again})"
     )
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def recurring(cause: Cause, earlier: int, threshold: int = 2) -> Cause:
