@@ -128,7 +128,8 @@ def test_crash_loop_stops_at_the_budget_and_a_healthy_probe_ends_the_hold(
     t.daemon.alerter.flush()
     events = [json.loads(line) for line in hook_out.read_text().splitlines()]
     spent = [e for e in events if e["kind"] == "budget_spent"]
-    assert len(spent) == 1 and "a person is needed" in spent[0]["message"]
+    assert len(spent) == 1 and spent[0]["title"] == "loop needs a person"
+    assert spent[0]["message"].startswith("2 restarts in the last 3600 s did not bring it back")
     assert [e["kind"] for e in events].count("restart_failed") == 2
 
     # Probing goes on; once something serves on the port, the hold ends.
