@@ -336,12 +336,19 @@ def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
     url = config.servers[0].url
     by_url = mlx_watchdog("probe", "--url", url, "--wedge-after", "2s", "--json")
     assert by_url.returncode == 1 and json.loads(by_url.stdout)["state"] == "busy", by_url.stdout
+
     # Each probe's connections are on record as they connect, in its own state folder and the
     # user's default one, for the daemon to honour.
-    daemons = json.loads((tmp_path / "state" / "left-probes.json").read_text())
-    default = json.loads((default_state_dir() / "left-probes.json").read_text())
+    # The daemon writes its own waiting probe to both files too, one after the other: the two
+    # are read until they agree (a loaded machine once read them between its two writes).
+    def recorded() -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+        daemons = json.loads((tmp_path / "state" / "left-probes.json").read_text())
+        default = json.loads((default_state_dir() / "left-probes.json").read_text())
+        return {(ip, port) for ip, port, _ in daemons}, {(ip, port) for ip, port, _ in default}
+
+    until(lambda: recorded()[0] <= recorded()[1], 10, "both records to agree")
+    daemons, default = recorded()
     assert len(daemons) >= 1 and len(default) >= 2
-    assert {(ip, port) for ip, port, _ in daemons} <= {(ip, port) for ip, port, _ in default}
     client.join(300)
     assert outcome == ["served"]  # the patient client was never cut off
     until(lambda: state(t) == "healthy", 30, "healthy again")
