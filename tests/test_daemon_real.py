@@ -339,16 +339,17 @@ def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
 
     # Each probe's connections are on record as they connect, in its own state folder and the
     # user's default one, for the daemon to honour.
-    # The daemon writes its own waiting probe to both files too, one after the other: the two
-    # are read until they agree (a loaded machine once read them between its two writes).
-    def recorded() -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
-        daemons = json.loads((tmp_path / "state" / "left-probes.json").read_text())
-        default = json.loads((default_state_dir() / "left-probes.json").read_text())
-        return {(ip, port) for ip, port, _ in daemons}, {(ip, port) for ip, port, _ in default}
+    # Entries still in force: an expired one (the daemon's own answered probe) stays in a file
+    # until its next write, while a write to the other drops it (each write keeps only what is
+    # in force); a long run under load left one in the daemon's file alone.
+    def in_force(path: Path) -> set[tuple[str, int]]:
+        now = time.time()
+        return {(ip, port) for ip, port, until in json.loads(path.read_text()) if until > now}
 
-    until(lambda: recorded()[0] <= recorded()[1], 10, "both records to agree")
-    daemons, default = recorded()
-    assert len(daemons) >= 1 and len(default) >= 2
+    mine, users = tmp_path / "state" / "left-probes.json", default_state_dir() / "left-probes.json"
+    # The daemon writes its own waiting probe to one file, then the other: read until agreed.
+    until(lambda: in_force(mine) <= in_force(users), 10, "both records to agree")
+    assert len(in_force(mine)) >= 1 and len(in_force(users)) >= 2
     client.join(300)
     assert outcome == ["served"]  # the patient client was never cut off
     until(lambda: state(t) == "healthy", 30, "healthy again")
