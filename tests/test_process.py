@@ -253,7 +253,8 @@ def test_a_child_left_holding_the_port_is_named_for_a_person_and_never_signalled
         assert w.verdict is not None
         reason = w.verdict.reason
         assert f"port {port} is held by PID {child} (" in reason and "holdport" in reason, reason
-        assert f"kill {child}" in reason and "none runs now" in reason, reason
+        # The parent may not have exited yet at that look (a loaded machine): named or "none".
+        assert f"kill {child}" in reason and "not by the server process started (" in reason
         t.stop()
         assert psutil.pid_exists(child) and psutil.Process(child).status() != "zombie"
     finally:
