@@ -142,6 +142,7 @@ def _status_view(doc: Status, config_path: Path | None = None) -> Group:
 
     now = time.time()
     live = doc.watchdog.running
+    config = None if config_path is None else str(config_path)
     # Fits 80 columns with a 20-character server name: one space between columns, none at
     # the edges, every cell short (the words are in the notes below).
     table = Table(box=None, padding=(0, 1), collapse_padding=True, pad_edge=False)
@@ -167,7 +168,7 @@ def _status_view(doc: Status, config_path: Path | None = None) -> Group:
             s.name,
             shown,
             _traffic(s) if live else "-",
-            _short_ago(s.last_token_at, now),
+            _ago(s.last_token_at, now, short=True),
             _ttft(s.ttft_p50_s, s.ttft_p95_s),
             f"{s.restarts_24h}/{s.budget_left}",
             pid_cell,
@@ -175,7 +176,6 @@ def _status_view(doc: Status, config_path: Path | None = None) -> Group:
         )
         when = "" if live else f" [dim](recorded {_ago(s.judged_at, now)}{gone})[/]"
         notes.append(f"[bold]{s.name}[/bold]{when} {escape(s.reason)}")
-        config = None if config_path is None else str(config_path)
         notes += [_note(n) for n in server_notes(s, live=live, config=config)]
     w = doc.watchdog
     head = (
@@ -215,28 +215,18 @@ def _alive(pid: object) -> bool:
         return False
 
 
-def _ago(at: float | None, now: float) -> str:
+def _ago(at: float | None, now: float, *, short: bool = False) -> str:
+    """How long ago: in words for the notes, in a few characters for the table's cells."""
     if at is None:
         return "never"
     seconds = max(0.0, now - at)
     if seconds < 120:
-        return f"{seconds:.0f} s ago"
+        return f"{seconds:.0f}s" if short else f"{seconds:.0f} s ago"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
-
-
-def _short_ago(at: float | None, now: float) -> str:
-    if at is None:
-        return "never"
-    seconds = max(0.0, now - at)
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f}h"
-    return f"{seconds / 86400:.0f}d"
+        return f"{seconds / 60:.0f}m" if short else f"{seconds / 60:.0f} min ago"
+    if not short:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 3600:.0f}h" if seconds < 172800 else f"{seconds / 86400:.0f}d"
 
 
 def _ttft(p50: float | None, p95: float | None) -> str:
