@@ -104,7 +104,9 @@ def status_doc(now: float, states: tuple[str, ...] = SHOWN_STATES) -> Status:
         # The numbers of a_day's last 24 hours.
         wedge = now - 10 * 3600 + 60
         held = Figures(
-            ttfts=[0.2, 0.3, 0.9],
+            ttft_p50_s=0.3,
+            ttft_p95_s=0.9,
+            ttft_samples=3,
             restarts=[wedge, wedge + 60],
             last_token_at=now - 5,
             incidents_24h=1,

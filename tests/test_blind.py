@@ -136,13 +136,14 @@ def test_a_tick_that_blocks_is_blindness_too(
     daemon, _, mono, _ = blind_daemon
     w = daemon.cycles["bad"]
     daemon._job("bad")
-    assert w.blindness(mono.now, daemon.interval) is None
-    w.sight.tick_began = mono.now  # a tick that began and never ended, as one stuck in a read
+    assert w.shown.blindness(mono.now, daemon.interval) is None
+    w.tick_begins()  # a tick that began and never ended, as one stuck in a read
     mono.now += 60.0
-    why = w.blindness(mono.now, daemon.interval)
+    why = w.shown.blindness(mono.now, daemon.interval)
     assert why == "no fresh verdict (watchdog blind for 60 s: a tick has run for 60 s)"
     w.phase = w.phase.RESTARTING  # the watchdog at work is shown as restarting, not blind
-    assert w.blindness(mono.now, daemon.interval) is None
+    w.publish()
+    assert w.shown.blindness(mono.now, daemon.interval) is None
 
 
 def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(

@@ -22,7 +22,7 @@ from mlx_watchdog.config import effective, parse_config, to_toml
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.demo.run import send
 from mlx_watchdog.record.document import Status
-from mlx_watchdog.serve.status import of_cycle
+from mlx_watchdog.serve.status import of_shown
 from tests.builders import badserver_argv, restarts_took, watchdog_config
 from tests.conftest import DaemonThread, free_port, mlx_watchdog, until
 
@@ -84,7 +84,7 @@ def test_an_abandoned_prefill_ending_sooner_than_a_restart_is_waited_for(
     assert incident.outcome.startswith("cleared without a restart: waited ")
     assert [(a["action"], a["outcome"]) for a in incident.actions] == [("wait", "cleared")]
     assert "a restart takes about 30 s here" in incident.actions[0]["detail"]
-    assert of_cycle(w, time.time(), time.monotonic(), 0.3).clearing is None
+    assert of_shown(w.shown, time.time(), time.monotonic(), 0.3).clearing is None
     t.stop()
     config_file = tmp_path / "config.toml"
     config_file.write_text(to_toml(effective(t.daemon.config)))

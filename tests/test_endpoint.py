@@ -610,7 +610,7 @@ def test_restarts_asked_for_at_the_same_moment_are_one_restart(
         until(lambda: t.daemon.store.restarts("bad", 0.0), 20, "the restart")
         until(lambda: t.daemon.store.restarts("bad", 0.0)[0].outcome, 20, "its outcome")
         assert len(t.daemon.store.restarts("bad", 0.0)) == 1
-        assert not t.daemon.cycles["bad"].requests
+        assert not t.daemon.cycles["bad"].asks.queued
     finally:
         ok.kill()
 

@@ -316,7 +316,7 @@ def test_with_manager_none_every_way_out_says_nobody_restarts_it(tmp_path: Path)
     with Daemon(parse_config(raw)) as daemon:
         with pytest.raises(Conflict, match='manager = "none": the watchdog only watches s'):
             daemon.act("s", "restart")
-        assert daemon.cycles["s"].requests == deque()
+        assert daemon.cycles["s"].asks.queued == deque()
         v = daemon.tick("s")
         assert v is not None and v.state == "down"
         daemon.store.flush(5.0)

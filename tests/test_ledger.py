@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.cycle.crew import Crew, NoSink
 from mlx_watchdog.cycle.ledger import (
@@ -27,6 +30,7 @@ from mlx_watchdog.judge.states import EventKind, State
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Event
 from mlx_watchdog.record.store import Store
+from tests.builders import watched
 
 NOW = 1_800_000_000.0
 
@@ -113,3 +117,35 @@ def test_a_hold_and_its_release() -> None:
     ledger.record(Served(NOW + 1))  # no incident open: only the last token
     assert store.hold_reason("s") is None and ledger.tally.last_token_at == NOW + 1
     assert list(ledger.tally.cured) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 7200), st.floats(0, 120, allow_nan=False)), min_size=0, max_size=60
+    ),
+    st.floats(0, 9000),
+)
+def test_the_kept_percentiles_are_those_of_the_window(
+    probes: list[tuple[float, float]], now: float
+) -> None:
+    """The tally keeps its TTFTs in order beside their times (two lookups per status, not a
+    sort): what it shows is what sorting the last hour's would give."""
+    import math
+    import statistics
+
+    from mlx_watchdog.record.tally import TTFT_WINDOW, Tally
+
+    tally = Tally()
+    for at, seconds in sorted(probes):
+        tally.add_ttft(at, seconds)
+        tally.forget_old(at)
+    f = tally.figures(watched("http://127.0.0.1:1"), now, now, incident=None, needs_person=None)
+    latest = max([now, *(at for at, _ in probes)])  # what the last forgetting went by
+    window = sorted(s for at, s in probes if at >= latest - TTFT_WINDOW)
+    assert f.ttft_samples == len(window)
+    if window:
+        assert f.ttft_p50_s == statistics.median(window)
+        assert f.ttft_p95_s == window[max(0, math.ceil(0.95 * len(window)) - 1)]
+    else:
+        assert f.ttft_p50_s is None and f.ttft_p95_s is None

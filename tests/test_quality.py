@@ -202,6 +202,43 @@ def test_a_cycle_writes_only_through_its_ledger() -> None:
     assert not found, found
 
 
+# The Daemon's methods that run on threads other than a server's job (the endpoint's, the
+# calendar's, the main loop), and what of a Cycle they may touch: its published view, its
+# queue of asks, its ledger (an event said about it), the main thread's own retired flag.
+OTHER_THREADS = {"status", "page", "stalled", "look_at_sight", "_residents", "act", "rotate_logs"}
+SHOWN = {"shown", "ask", "ledger", "retired"}
+
+
+def test_other_threads_read_a_cycle_only_through_its_published_view() -> None:
+    """A cycle is written by its job; the endpoint, the calendar and the daemon's loop read
+    its frozen `shown` view (replaced whole), never a live deque, flag or verdict of it."""
+    import ast
+
+    def touched(tree: ast.AST, where: str) -> list[str]:
+        return [
+            f"{where}:{node.lineno} {node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("c", "cycle")
+            and node.attr not in SHOWN
+        ]
+
+    found, methods = [], set()
+    daemon = ast.parse((ROOT / "watchdog" / "daemon" / "run.py").read_text())
+    for node in ast.walk(daemon):
+        if isinstance(node, ast.FunctionDef) and node.name in OTHER_THREADS:
+            methods.add(node.name)
+            found += touched(node, f"run.py {node.name}")
+    assert methods == OTHER_THREADS  # a renamed method would escape the check
+    for path in [
+        ROOT / "watchdog" / "daemon" / "calendar.py",
+        *(ROOT / "watchdog" / "serve").glob("*.py"),
+    ]:
+        found += touched(ast.parse(path.read_text()), path.name)
+    assert not found, found
+
+
 READS = {"restart_cost", "restarts", "cured", "restarts_served", "last_restart", "figures"}
 MODULE_LINES = 700  # a module longer than this has a seam to split at; functions: ruff's limits
 

@@ -12,14 +12,14 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.cycle.crew import Conflict, Crew
+from mlx_watchdog.cycle.asks import Asks
+from mlx_watchdog.cycle.crew import Crew
 from mlx_watchdog.cycle.cures import named_throttled, port_held, settle_for, unloader_for
 from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.ledger import (
@@ -42,8 +42,9 @@ from mlx_watchdog.cycle.ledger import (
     Unfinished,
 )
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
+from mlx_watchdog.cycle.shown import Shown
 from mlx_watchdog.cycle.sight import Sight
-from mlx_watchdog.judge import bounds, budget, triggers
+from mlx_watchdog.judge import budget, triggers
 from mlx_watchdog.judge.advice import Abandoned, nobody_restarts, retry_loop
 from mlx_watchdog.judge.cause import (
     NO_PROGRESS,
@@ -56,16 +57,15 @@ from mlx_watchdog.judge.cause import (
 from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.estimate import WorkLeft, curve, work_left
 from mlx_watchdog.judge.evidence import Evidence
-from mlx_watchdog.judge.states import BAD_STATES, UNKNOWN, EventKind, State
+from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict, renamed
-from mlx_watchdog.record.store import Ref
+from mlx_watchdog.record.document import ShownIncident
+from mlx_watchdog.record.store import Ref, row_id
 from mlx_watchdog.record.tally import Tally, abandoned_lately
 from mlx_watchdog.sense.memory import memory_holders, resident
 
 log = logging.getLogger("mlx_watchdog")
-
-RESTARTS = ("restart", "planned-restart")  # a person's, the maintenance window's
 
 
 def _runs(server: ServerConfig) -> tuple[object, ...]:
@@ -75,7 +75,8 @@ def _runs(server: ServerConfig) -> tuple[object, ...]:
 
 class Cycle:
     """One server's life under the watchdog: its verdicts, phase, open incident, restarts
-    and events. The only writer of that server's incident rows."""
+    and events. The only writer of that server's incident rows. Other threads read `shown`
+    (published after each change) and queue asks; nothing else of it."""
 
     def __init__(
         self, server: ServerConfig, manager: Manager, checker: Checker, crew: Crew
@@ -102,11 +103,7 @@ class Cycle:
         self.sight = Sight(watched_since=self.mono(), tick_moved=self.mono())
         self.refused_said = False  # the identity refusal is said once until the server serves
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
-        self.requests: deque[str] = deque()
-        # `ask` runs on the endpoint's and the calendar's threads: the check that no restart is
-        # queued or being carried out, and the queueing, are one step under this lock.
-        self._asks = threading.Lock()
-        self._carrying: str | None = None
+        self.asks = Asks()
         # A reload's settings, applied by the server's own job between two ticks; and whether a
         # reload removed the server (its job ends).
         self.new_config: ServerConfig | None = None
@@ -119,6 +116,37 @@ class Cycle:
         self._restart_row: Ref = None
         self._backoff_said: float | None = None
         self._restart_began = 0.0
+        self.shown = self._view()
+
+    def _view(self) -> Shown:
+        i, now, s = self.incident, self.wall(), self.sight
+        figures = self.tally.figures(
+            self.server,
+            now,
+            self.mono(),
+            incident=None if i is None else ShownIncident(row_id(i.id), i.state, i.began_at),
+            needs_person=self.needs_person,
+        )
+        return Shown(
+            self.server,
+            figures,
+            watched_since=s.watched_since,
+            tick_moved=s.tick_moved,
+            verdict=self.verdict,
+            judged_at=self.judged_at,
+            state_since=self.state_since,
+            verdict_mono=s.verdict_mono,
+            tick_began=s.tick_began,
+            tick_problem=s.tick_problem,
+            draining=self.draining,
+            restarting=self.restarting,
+            clearing=self.least.clearing,
+            local=self.checker.inspector.local,
+        )
+
+    def publish(self) -> None:
+        """Replace the view other threads read, in one assignment (after each change)."""
+        self.shown = self._view()
 
     @property
     def tally(self) -> Tally:
@@ -167,11 +195,13 @@ class Cycle:
         else:
             self.manager.server = server
         self.checker.reconfigure(server)
+        self.publish()
         if server.manager == before.manager == "process" and _runs(server) != _runs(before):
             self.restart("reload", "its command changed in the config", manual=True)
 
     def tick_begins(self) -> None:
         self.sight.tick_began = self.sight.tick_moved = self.mono()
+        self.publish()
 
     def tick_ends(self, problem: str | None) -> bool:
         """The tick is over (`problem`: why it failed); True when that failure is new (said
@@ -184,6 +214,7 @@ class Cycle:
         self.sight.tick_problem = problem
         self.sight.tick_began = None
         self.sight.tick_moved = self.mono()
+        self.publish()
         return new
 
     def ticked(self) -> None:
@@ -214,6 +245,7 @@ class Cycle:
             self.left_stopped = f"was left stopped by a restart begun at {time.ctime(r.at)}"
 
         self.ledger.tally = Tally.load(self.store, self.server, now)
+        self.publish()
 
     def server_started(self) -> None:
         """The daemon started the server itself: its first token measures what a restart
@@ -230,12 +262,11 @@ class Cycle:
     def tick(self, interval: float) -> Verdict | None:
         """Judge the server once: start a probe, or judge the age of the one in flight."""
         self.interval = interval
-        while (action := self._next_ask()) is not None:
+        while (action := self.asks.take()) is not None:
             try:
                 self._carry_out(action)
             finally:
-                with self._asks:
-                    self._carrying = None
+                self.asks.done()
         self._notice_jump(interval)
         v, pid = self._proven_by_traffic() if self.checker.probe is None else None, None
         if v is None:
@@ -250,6 +281,7 @@ class Cycle:
             self.ledger.record(Probed(self.wall(), v, interval))
             self._judged(v)
         self._count_gave_up()
+        self.publish()
         return self.verdict
 
     def _judged(self, v: Verdict) -> None:
@@ -424,6 +456,7 @@ class Cycle:
                 f"{self.server.name}: no {kind or 'silent'} move {self.phase} -> {to}"
             )
         self.phase = to
+        self.publish()
         if kind:
             self.emit(kind, message, **data)
 
@@ -613,50 +646,21 @@ class Cycle:
     def drain(self) -> None:
         """Turn the server's /healthz to 503 and run drain_command."""
         self.draining = True
+        self.publish()
         self.crew.ladder.run_hook(self.server, "drain_command", self.server.restart.drain_command)
 
     def undrain(self) -> None:
         hook = self.server.restart.undrain_command
         self.crew.ladder.run_hook(self.server, "undrain_command", hook)
         self.draining = False
+        self.publish()
 
     # -- a person's asks --------------------------------------------------------------------
 
     def ask(self, action: str, interval: float) -> None:
-        """Queue a person's restart, drain or undrain for the next tick, from any thread. A
-        restart while one runs, is queued, or just brought the server back would be a second
-        restart for one cause: refused (Conflict), saying what happened instead."""
-        with self._asks:
-            if action in RESTARTS and isinstance(self.manager, NoManager):
-                raise Conflict(nobody_restarts(self.server.name))
-            if action in RESTARTS:
-                # One being carried out has left the queue but not yet begun: still asked for.
-                queued = self._carrying in RESTARTS or any(a in RESTARTS for a in self.requests)
-                why = budget.repeat_restart(
-                    self.server.name,
-                    self.tally.last_restart,
-                    queued=queued,
-                    running=self.restarting,
-                    now=self.wall(),
-                    interval=interval,
-                )
-                if why is not None:
-                    raise Conflict(why)
-            elif action in ("drain", "undrain"):
-                pending = [a for a in self.requests if a in ("drain", "undrain")]
-                drained = pending[-1] == "drain" if pending else self.draining
-                if drained == (action == "drain"):
-                    raise Conflict(
-                        f"{self.server.name} is drained already; `undrain` ends it"
-                        if drained
-                        else f"{self.server.name} is not drained; nothing to undrain"
-                    )
-            self.requests.append(action)
-
-    def _next_ask(self) -> str | None:
-        with self._asks:
-            self._carrying = self.requests.popleft() if self.requests else None
-            return self._carrying
+        """Queue a person's restart, drain or undrain for the next tick, from any thread
+        (Conflict: refused, saying why)."""
+        self.asks.ask(action, self.shown, interval, self.wall())
 
     def _carry_out(self, action: str) -> None:
         log.info("%s %s asked for through the endpoint", self.server.name, action)
@@ -668,26 +672,3 @@ class Cycle:
             self.drain()
         elif action == "undrain":
             self.undrain()
-
-    # -- what is shown ----------------------------------------------------------------------
-
-    def fresh_for(self, interval: float) -> float:
-        probe = self.server.probe
-        return bounds.fresh_for(interval, probe.slow_after, probe.models_timeout)
-
-    def blindness(self, mono: float, interval: float) -> str | None:
-        """Why the verdict is too old to be served as current, or None while fresh.
-
-        A tick that failed, blocked or overran leaves the last verdict standing; past a few
-        intervals it says nothing about the server now. A restart or a drain in progress is
-        the watchdog at work, shown as such."""
-        if self.restarting or self.draining:
-            return None
-        return self.sight.blindness(mono, self.fresh_for(interval))
-
-    def look(self, mono: float, interval: float) -> None:
-        """Say once when the verdict goes stale, and once when it is fresh again."""
-        state = self.verdict.state if self.verdict else UNKNOWN
-        said = self.sight.look(self.blindness(mono, interval), state)
-        if said is not None:
-            self.emit(*said)

@@ -202,12 +202,12 @@ class Ledger:
                 store.record_probe(name, at, v.state, v.reason, v.evidence.to_json(), step=step)
                 sink.observe(name, v)
                 if v.evidence.ttft_s is not None:
-                    tally.ttfts.append((at, v.evidence.ttft_s))
+                    tally.add_ttft(at, v.evidence.ttft_s)
                 tally.forget_old(at)
             case Skipped():
                 sink.skipped(name)
             case GaveUp(at, n):
-                tally.gave_up.append((at, n))
+                tally.add_gave_up(at, n)
                 tally.forget_old(at)
                 sink.gave_up(name, n)
                 message = f"{n} client(s) gave up mid-request"

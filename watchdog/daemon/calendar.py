@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlx_watchdog.config import Config, ServerConfig, when_fields
 from mlx_watchdog.cycle import Conflict, Cycle
+from mlx_watchdog.cycle.shown import Shown
 from mlx_watchdog.judge.states import EventKind, State
 from mlx_watchdog.record.alerts import Alerter, Event
 from mlx_watchdog.record.store import Store
@@ -202,24 +203,24 @@ class Calendar:
         now = self.wall()
         for name, cycle in self.cycles().items():
             text, numbers = daily_summary(self.store, name, now)
-            state = cycle.verdict.state if cycle.verdict else None
-            self._say(EventKind.SUMMARY, name, text, state, numbers)
+            self._say(EventKind.SUMMARY, name, text, cycle.shown.state, numbers)
 
     def maintenance(self, name: str) -> None:
         cycle = self.cycles().get(name)
         if cycle is None or not self.once(f"maintenance:{name}"):
             return
-        busy = idle_problem(cycle, time.monotonic(), self.interval())
+        shown = cycle.shown
+        busy = idle_problem(shown, time.monotonic(), self.interval())
         if busy is not None:
             self._say(EventKind.MAINTENANCE, name, f"skipped: {busy}", None, {"done": False})
             return
         done = []
         if self.maintain is not None:
             try:
-                done.append(self.maintain(cycle.server, self.store))
+                done.append(self.maintain(shown.server, self.store))
             except Exception as exc:  # a failed calibration must not end the calendar
                 done.append(f"calibration failed: {type(exc).__name__}: {exc}")
-        if cycle.server.maintenance_restart:
+        if shown.server.maintenance_restart:
             try:
                 cycle.ask("planned-restart", self.interval())
                 done.append("a planned restart is asked of the server's cycle")
@@ -237,15 +238,15 @@ class Calendar:
         self.alerter.send(Event(kind, name, now, text, state, data))
 
 
-def idle_problem(cycle: Cycle, mono: float, interval: float) -> str | None:
+def idle_problem(shown: Shown, mono: float, interval: float) -> str | None:
     """Why the server is not idle now (calibration would make everyone wait), or None."""
-    v = cycle.verdict
-    blind = cycle.blindness(mono, interval)
+    v = shown.verdict
+    blind = shown.blindness(mono, interval)
     if blind is not None or v is None:
         return blind or "no verdict yet"
-    if v.state != State.HEALTHY or cycle.incident is not None:
+    if v.state != State.HEALTHY or shown.figures.incident is not None:
         return f"it is {v.state}"
-    if cycle.restarting or cycle.draining:
+    if shown.restarting or shown.draining:
         return "a restart or a drain is under way"
     live = v.evidence.live_connections
     if live is None:

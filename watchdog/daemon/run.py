@@ -25,11 +25,14 @@ from mlx_watchdog.act.managers import Manager, System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
 from mlx_watchdog.cycle import Crew, Cycle
 from mlx_watchdog.cycle.crew import Sinks
+from mlx_watchdog.cycle.ledger import Said
+from mlx_watchdog.cycle.shown import sight_said
 from mlx_watchdog.daemon.calendar import Calendar, Maintain
 from mlx_watchdog.daemon.heartbeat import EXIT_STALLED, STALL_MARGIN, Notifier, stalled
 from mlx_watchdog.daemon.logs import own_log, rotate_all
 from mlx_watchdog.daemon.schedule import Schedule
 from mlx_watchdog.judge.bounds import INTERRUPT_TIMEOUT, STOP_TIMEOUT
+from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.document import Status, WatchdogLine
@@ -47,7 +50,7 @@ from mlx_watchdog.serve.day import Days
 from mlx_watchdog.serve.endpoint import ensure_token
 from mlx_watchdog.serve.endpoint import start as start_endpoint
 from mlx_watchdog.serve.page import refresh_s, render
-from mlx_watchdog.serve.status import of_cycle
+from mlx_watchdog.serve.status import of_shown
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -103,6 +106,7 @@ class Daemon:
         self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
         self.cycles: dict[str, Cycle] = {}
+        self._blind: set[str] = set()  # servers whose stale verdict was said (the main thread's)
         self.schedule = Schedule()
         self._running = False
         self.notifier = notifier if notifier is not None else Notifier()
@@ -176,10 +180,8 @@ class Daemon:
 
     def _residents(self) -> list[tuple[str, int]]:
         """Each local server's resident memory, for a restart under memory pressure."""
-        cycles = list(self.cycles.values())
-        return [
-            (c.server.name, resident(c.manager.pid())) for c in cycles if c.checker.inspector.local
-        ]
+        shown = [c.shown for c in list(self.cycles.values())]
+        return [(s.server.name, resident(s.pid)) for s in shown if s.local]
 
     @property
     def interval(self) -> float:
@@ -222,7 +224,7 @@ class Daemon:
             running=True,
             history_problem=self.store.problem,
         )
-        return Status(line, tuple(of_cycle(c, now, mono, self.interval) for c in cycles))
+        return Status(line, tuple(of_shown(c.shown, now, mono, self.interval) for c in cycles))
 
     def page(self) -> str:
         """The status page, rendered at most once per its own reload period (one render at a
@@ -257,15 +259,23 @@ class Daemon:
         for name, c in list(self.cycles.items()):
             if c.retired:
                 continue
-            progress[name] = mono if c.restarting or c.draining else c.sight.tick_moved
-            limits[name] = c.fresh_for(self.interval) + STALL_MARGIN
+            shown = c.shown
+            progress[name] = shown.progress(mono)
+            limits[name] = shown.fresh_for(self.interval) + STALL_MARGIN
         return stalled(progress, limits, mono)
 
     def look_at_sight(self) -> None:
         """Say once when a server's verdict goes stale, and once when it is fresh again."""
         mono = self.mono()
-        for c in list(self.cycles.values()):
-            c.look(mono, self.interval)
+        for name, c in list(self.cycles.items()):
+            shown = c.shown
+            blind = shown.blindness(mono, self.interval)
+            said = sight_said(shown, blind, name in self._blind)
+            if said is None:
+                continue
+            kind, message = said
+            (self._blind.add if kind is EventKind.BLIND else self._blind.discard)(name)
+            c.ledger.record(Said(self.wall(), kind, message, shown.state))
 
     # -- running ----------------------------------------------------------------------------
 
@@ -299,7 +309,8 @@ class Daemon:
 
     def rotate_logs(self) -> None:
         settings = self.config.watchdog
-        paths = [c.server.log_file for c in self.cycles.values() if c.server.log_file]
+        servers = [c.shown.server for c in list(self.cycles.values())]
+        paths = [s.log_file for s in servers if s.log_file]
         paths += [self.own_log] if self.own_log is not None else []
         rotate_all(paths, settings.log_max_size, settings.log_keep)
 

@@ -7,6 +7,9 @@ so a count means the same thing in both.
 
 from __future__ import annotations
 
+import bisect
+import math
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +30,10 @@ DAY = 86400.0
 class Figures:
     """What a status document needs besides the verdict."""
 
-    ttfts: Sequence[float] = ()  # of the last TTFT_WINDOW
+    # Times to first token over the last TTFT_WINDOW.
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    ttft_samples: int = 0
     restarts: Sequence[float] = ()  # when, over the longer of a day and the budget's window
     incident: ShownIncident | None = None
     needs_person: str | None = None
@@ -51,8 +57,12 @@ class Tally:
     gave up, budget): one source for status, /status and /metrics."""
 
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
+    # The same seconds in order, kept beside them: a status's percentiles are two lookups,
+    # not a sort of up to an hour of probes each time one is shown.
+    ttfts_sorted: list[float] = field(default_factory=list)
     opened: deque[float] = field(default_factory=deque)  # when incidents opened
     gave_up: deque[tuple[float, int]] = field(default_factory=deque)  # (when, how many)
+    gave_up_sum: int = 0
     # Earlier runs' restarts as the history has them (wall time); this run's on the span clock,
     # so that a locked history or a clock step changes nothing within a run.
     restarts_before: list[float] = field(default_factory=list)
@@ -70,15 +80,19 @@ class Tally:
         name = server.name
         restarts = store.restarts(name, now - restart_span(server))
         last = restarts[-1] if restarts else None
+        ttfts = store.ttfts(name, now - TTFT_WINDOW)
+        gave_up = [
+            (e.at, event_count(e.data.get("count")))
+            for e in store.events(name, since=now - DAY, kind=EventKind.GAVE_UP)
+        ]
         return cls(
-            ttfts=deque(store.ttfts(name, now - TTFT_WINDOW)),
+            ttfts=deque(ttfts),
+            ttfts_sorted=sorted(t for _, t in ttfts),
             opened=deque(
                 i.opened_at for i in store.incidents(now - DAY, name) if i.opened_at >= now - DAY
             ),
-            gave_up=deque(
-                (e.at, event_count(e.data.get("count")))
-                for e in store.events(name, since=now - DAY, kind=EventKind.GAVE_UP)
-            ),
+            gave_up=deque(gave_up),
+            gave_up_sum=sum(n for _, n in gave_up),
             restarts_before=[r.at for r in restarts],
             last_restart=None
             if last is None
@@ -100,15 +114,23 @@ class Tally:
         return restart_cost(list(self.served_s))
 
     def restarts(self, wall: float, mono: float) -> list[float]:
-        """When the server was restarted, in wall time as of (`wall`, `mono`). Read by other
-        threads while the cycle appends: copied in one step (a walk would see it mutate)."""
-        here = list(self.restarts_here)
-        return [*self.restarts_before, *(wall - (mono - m) for m in here)]
+        """When the server was restarted, in wall time as of (`wall`, `mono`)."""
+        return [*self.restarts_before, *(wall - (mono - m) for m in self.restarts_here)]
+
+    def add_ttft(self, at: float, seconds: float) -> None:
+        self.ttfts.append((at, seconds))
+        bisect.insort(self.ttfts_sorted, seconds)
+
+    def add_gave_up(self, at: float, count: int) -> None:
+        self.gave_up.append((at, count))
+        self.gave_up_sum += count
 
     def forget_old(self, now: float) -> None:
-        for kept, span in ((self.ttfts, TTFT_WINDOW), (self.gave_up, DAY)):
-            while kept and kept[0][0] < now - span:
-                kept.popleft()
+        while self.ttfts and self.ttfts[0][0] < now - TTFT_WINDOW:
+            _, seconds = self.ttfts.popleft()
+            del self.ttfts_sorted[bisect.bisect_left(self.ttfts_sorted, seconds)]
+        while self.gave_up and self.gave_up[0][0] < now - DAY:
+            self.gave_up_sum -= self.gave_up.popleft()[1]
         while self.opened and self.opened[0] < now - DAY:
             self.opened.popleft()
 
@@ -121,17 +143,21 @@ class Tally:
         incident: ShownIncident | None,
         needs_person: str | None,
     ) -> Figures:
+        """The figures as of `now` (what is older than the windows is forgotten first)."""
+        self.forget_old(now)
         since = now - restart_span(server)
-        last, cost = self.last_restart, self.restart_cost()
+        last, cost, ttfts = self.last_restart, self.restart_cost(), self.ttfts_sorted
         return Figures(
-            ttfts=[t for at, t in list(self.ttfts) if at >= now - TTFT_WINDOW],
-            restarts=[t for t in self.restarts(now, mono) if t >= since],
+            ttft_p50_s=statistics.median(ttfts) if ttfts else None,
+            ttft_p95_s=ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
+            ttft_samples=len(ttfts),
+            restarts=tuple(t for t in self.restarts(now, mono) if t >= since),
             incident=incident,
             needs_person=needs_person,
             last_token_at=self.last_token_at,
             last_restart=last,
-            incidents_24h=len([at for at in list(self.opened) if at >= now - DAY]),
-            gave_up_24h=sum(n for at, n in list(self.gave_up) if at >= now - DAY),
+            incidents_24h=len(self.opened),
+            gave_up_24h=self.gave_up_sum,
             restart_cost_s=cost.seconds,
             restart_cost_measured=cost.measured,
         )

@@ -1,14 +1,12 @@
 """One status document per server: what `/status`, `/healthz`, `/metrics` and `status` show.
 
-The daemon builds it from what it holds in memory (one query per server, for the restarts);
+The daemon builds it from each cycle's published view (cycle/shown.py) and its own clock;
 `mlx-watchdog status` without a running daemon builds the same document from the history
 database, so both print alike.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from typing import TYPE_CHECKING
 
 from mlx_watchdog.config import ServerConfig
@@ -20,7 +18,7 @@ from mlx_watchdog.record.store import Ref, Store, row_id
 from mlx_watchdog.record.tally import DAY, Figures, Tally
 
 if TYPE_CHECKING:
-    from mlx_watchdog.cycle import Cycle
+    from mlx_watchdog.cycle.shown import Shown
     from mlx_watchdog.judge.clearing import Clearing
 
 
@@ -40,7 +38,6 @@ def describe(
     age: float | None = None,
     clearing: Waiting | None = None,
 ) -> ServerStatus:
-    ttfts = sorted(figures.ttfts)
     budget = allowance(server.restart, figures.restarts, now)
     serving = state in SERVING_STATES and not draining and not restarting
     e = evidence or Evidence()
@@ -60,9 +57,9 @@ def describe(
         verdict_age_s=None if age is None else round(age, 1),
         needs_person=figures.needs_person,
         last_token_at=figures.last_token_at,
-        ttft_p50_s=statistics.median(ttfts) if ttfts else None,
-        ttft_p95_s=ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
-        ttft_samples=len(ttfts),
+        ttft_p50_s=figures.ttft_p50_s,
+        ttft_p95_s=figures.ttft_p95_s,
+        ttft_samples=figures.ttft_samples,
         restarts_24h=sum(1 for r in figures.restarts if r >= now - DAY),
         incidents_24h=figures.incidents_24h,
         gave_up_24h=figures.gave_up_24h,
@@ -89,26 +86,24 @@ def describe(
     )
 
 
-def of_cycle(c: Cycle, now: float, mono: float, interval: float) -> ServerStatus:
-    """The document of a server the daemon watches; its last verdict only while fresh."""
-    v, blind, i = c.verdict, c.blindness(mono, interval), c.incident
-    shown = None if i is None else _incident(i.id, i.state, i.began_at)
-    figures = c.tally.figures(c.server, now, mono, incident=shown, needs_person=c.needs_person)
-    seen = c.sight.verdict_mono
+def of_shown(shown: Shown, now: float, mono: float, interval: float) -> ServerStatus:
+    """The document of a server the daemon watches, from its cycle's published view: its
+    last verdict only while fresh at `mono`."""
+    v, blind, seen = shown.verdict, shown.blindness(mono, interval), shown.verdict_mono
     return describe(
-        c.server,
+        shown.server,
         now,
-        figures,
+        shown.figures,
         state=v.state if v and not blind else None,
         reason=blind or (v.reason if v else "no verdict yet"),
-        at=c.judged_at,
+        at=shown.judged_at,
         evidence=v.evidence if v else None,
-        since=c.state_since,
-        draining=c.draining,
-        restarting=c.restarting,
+        since=shown.state_since,
+        draining=shown.draining,
+        restarting=shown.restarting,
         blind=blind is not None,
         age=None if seen is None else mono - seen,
-        clearing=_clearing(c.least.clearing, mono),
+        clearing=_clearing(shown.clearing, mono),
     )
 
 
