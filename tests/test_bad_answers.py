@@ -9,8 +9,8 @@ import pytest
 
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.evidence import Observation
 from mlx_watchdog.judge.verdict import judge
+from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.probe import Probe
 from mlx_watchdog.sense.process import Inspector
 from tests.builders import QUICK, watched

@@ -234,7 +234,7 @@ def test_maintenance_is_skipped_while_clients_are_served(
     run_daemon(daemon)
     w = daemon.cycles["bad"]
     until(lambda: w.verdict is not None, 30, "a verdict")
-    assert idle_problem(w, time.monotonic(), 0.3) is not None
+    assert idle_problem(w.shown, time.monotonic(), 0.3) is not None
     told = Told()
     daemon.calendar.alerter = told
     daemon.calendar.maintenance("bad")

@@ -18,13 +18,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_watchdog.act.check import Checker
+from mlx_watchdog.act.check import judged
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.cause import Cause, Facts, budget_spent, diagnose, recurring
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.sense.memory import MemoryWatch
+from mlx_watchdog.sense.round import Checker
 from mlx_watchdog.sense.signs import LogError, Machine, Signs, StackSample, ThreadStack, log_error
 from mlx_watchdog.sense.stack import Stacker, parse_py_spy
 from tests.builders import badserver_argv, watchdog_config, watched
@@ -244,7 +245,7 @@ def judge_until_wedged(checker: Checker, pid: int, looks: int = 4) -> Verdict:
     wedged: list[Verdict] = []
     deadline = time.monotonic() + 30
     while len(wedged) < looks and time.monotonic() < deadline:
-        v = checker.judge(pid)
+        v = judged(checker, pid)
         if v is not None and v.state == "wedged":
             wedged.append(v)
         time.sleep(0.25)
@@ -268,7 +269,7 @@ def test_a_metal_error_in_the_log_names_the_cause(
     )
     stacker = Stacker(command=lambda pid: None)
     checker = Checker(server, stacker=stacker, memory=MemoryWatch(no_memory))
-    checker.judge(srv.proc.pid)  # the first look reads the log to its end
+    judged(checker, srv.proc.pid)  # the first look reads the log to its end
     with log.open("a") as fh:
         fh.write("libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded\n")
     # Held up by the process idle its last looks (no client can write that): named once the
@@ -276,7 +277,7 @@ def test_a_metal_error_in_the_log_names_the_cause(
     named: list[Verdict] = []
 
     def metal() -> bool:
-        v = checker.judge(srv.proc.pid)
+        v = judged(checker, srv.proc.pid)
         named[:] = [v] if v is not None else []
         return v is not None and v.evidence.cause == "metal_error"
 
@@ -298,7 +299,7 @@ def test_a_stack_without_the_generation_thread_names_it_gone(
     named: list[Verdict] = []
 
     def gone() -> bool:  # once the looks show the process idle (a sign no client writes)
-        v = checker.judge(srv.proc.pid)
+        v = judged(checker, srv.proc.pid)
         named[:] = [v] if v is not None else []
         return v is not None and v.evidence.cause == "generation_thread_gone"
 
@@ -321,7 +322,7 @@ def stated_checker(tmp_path: Path, srv: Running, stack: str) -> tuple[Checker, P
     server = replace(watched(srv.url, **spans), log_file=log)
     stacker = Stacker(every=0.0, command=spy(tmp_path, stack))
     checker = Checker(server, stacker=stacker, memory=MemoryWatch(no_memory))
-    checker.judge(srv.proc.pid)  # the first look reads the log to its end
+    judged(checker, srv.proc.pid)  # the first look reads the log to its end
     return checker, log
 
 
@@ -338,7 +339,7 @@ def test_a_death_the_log_states_is_judged_at_once_not_after_wedge_after(
     named: list[Verdict] = []
 
     def gone() -> bool:
-        v = checker.judge(srv.proc.pid)
+        v = judged(checker, srv.proc.pid)
         named[:] = [v] if v is not None else []
         return v is not None and v.state == "wedged"
 
@@ -362,7 +363,7 @@ def test_a_stated_death_a_working_server_contradicts_waits_for_wedge_after(
     verdicts: list[Verdict | None] = []
 
     def twelve() -> bool:
-        verdicts.append(checker.judge(srv.proc.pid))
+        verdicts.append(judged(checker, srv.proc.pid))
         return len(verdicts) >= 12
 
     until(twelve, 30, "twelve looks", step=0.25)

@@ -7,10 +7,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from mlx_watchdog.act.check import FULL_LOOK_EVERY, Checker
+from mlx_watchdog.act.check import judged
 from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.sense.findings import ProcessSample
 from mlx_watchdog.sense.process import Inspector
+from mlx_watchdog.sense.round import FULL_LOOK_EVERY, Checker
 from tests.builders import watched
 from tests.conftest import Running
 
@@ -44,7 +45,7 @@ def checker_on(srv: Running, tmp_path: Path, clock: Clock) -> tuple[Checker, Cou
 def rounds(checker: Checker, clock: Clock, n: int, step: float) -> None:
     for _ in range(n):
         checker.start().wait(10)
-        v = checker.judge(None)
+        v = judged(checker, None)
         assert v is not None and v.state == "healthy", v
         clock.now += step
 
@@ -69,7 +70,7 @@ def test_a_probe_that_waits_is_on_record_and_every_look_is_full(
     clock = Clock()
     checker, inspector, record = checker_on(srv, tmp_path, clock)
     for _ in range(5):
-        checker.judge(None)
+        judged(checker, None)
         clock.now += 0.1
     assert inspector.looks == 5
     (entry,) = json.loads(record.read_text())

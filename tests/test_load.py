@@ -10,12 +10,12 @@ import pytest
 
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.config.profiles import PROFILES
-from mlx_watchdog.judge.evidence import Observation
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.sense.answer import classify_error
 from mlx_watchdog.sense.findings import LoadReport, ProbeFinding, ProbeSnapshot
 from mlx_watchdog.sense.load import json_value, parse_prometheus, read_report
+from mlx_watchdog.sense.observation import Observation
 from tests.judging import MODELS_OK, T0, S, proc, waiting
 
 # llama-server's to_metrics(): HELP and TYPE lines, names with a colon, no labels.

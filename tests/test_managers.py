@@ -14,7 +14,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.act.managers import System, identity_problem
 from mlx_watchdog.act.managers.launchd import LaunchdManager
@@ -25,6 +24,7 @@ from mlx_watchdog.cycle import Crew, Cycle, NoSink
 from mlx_watchdog.record.alerts import Alerter
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense.process import ProcessTable
+from mlx_watchdog.sense.round import Checker
 from tests.builders import badserver_argv
 from tests.conftest import FakeServices, free_port, until
 

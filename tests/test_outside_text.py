@@ -11,12 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlx_watchdog.act.check import Checker, check_once
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.config.profiles import PROFILES
 from mlx_watchdog.sense.findings import OwnFault, ProbeFinding
 from mlx_watchdog.sense.models import in_memory, model_ids
 from mlx_watchdog.sense.probe import Probe
+from mlx_watchdog.sense.round import Checker
 from mlx_watchdog.sense.text import load_json, printable, whole
 from tests.builders import watched
 from tests.conftest import Running

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mlx_watchdog.act.check import Checker, check_once
+from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.record.left_probes import LeftProbes
+from mlx_watchdog.sense.round import Checker
 from tests.builders import QUICK
 from tests.conftest import Running, send_chat
 

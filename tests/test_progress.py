@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mlx_watchdog.judge.evidence import Observation
 from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.sense import progress as progress_module
 from mlx_watchdog.sense.findings import Prefill, ProbeSnapshot, ProcessSample
+from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.progress import LogProgress
 from tests.builders import QUICK
 

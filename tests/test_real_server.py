@@ -171,7 +171,8 @@ def test_a_batch_drained_for_a_request_it_cannot_batch_is_named(batched_server: 
     max_busy named batch_drain, from the kernel's count of what it sends each connection."""
     from dataclasses import replace
 
-    from mlx_watchdog.act.check import Checker
+    from mlx_watchdog.act.check import judged
+    from mlx_watchdog.sense.round import Checker
 
     long = Streamed(batched_server.url, {"max_tokens": 100_000, "stream": True})
     until(lambda: long.got > 10_000, 30, "the long answer to stream")
@@ -182,7 +183,7 @@ def test_a_batch_drained_for_a_request_it_cannot_batch_is_named(batched_server: 
     try:
 
         def named() -> bool:
-            v = checker.judge(batched_server.proc.pid)
+            v = judged(checker, batched_server.proc.pid)
             if v is not None:
                 seen.append(v.reason)
             return v is not None and v.evidence.cause == "batch_drain"

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_watchdog.judge.evidence import Observation
 from mlx_watchdog.judge.states import EXIT_CODES, STATES, State
-from mlx_watchdog.judge.verdict import judge, leaked_requests
+from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.sense.findings import LoadReport, ProcessSample
+from mlx_watchdog.sense.observation import Observation, leaked_requests
 from mlx_watchdog.sense.probe import ModelsCheck, ProbeSnapshot
 from tests.judging import MODELS_EMPTY, MODELS_OK, T0, S, finished, proc, token, waiting
 

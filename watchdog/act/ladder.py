@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.managers import Manager, ManagerError, Outcome, System, identity_problem
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense.probe import DOWN_FINDINGS, OK, Probe, ProbeFinding
 from mlx_watchdog.sense.process import ProcessTable
+from mlx_watchdog.sense.round import Checker
 
 log = logging.getLogger("mlx_watchdog")
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import httpx
 
-from mlx_watchdog.act.check import Checker
 from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.sense.process import Inspector
 from mlx_watchdog.sense.request import auth_headers
+from mlx_watchdog.sense.round import Checker
 
 
 def plan(server: ServerConfig, prompt_tokens: int, give_up_after: float) -> str:

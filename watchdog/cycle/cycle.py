@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mlx_watchdog.act.check import Checker
+from mlx_watchdog.act.check import judged
 from mlx_watchdog.act.ladder import Drain
 from mlx_watchdog.act.managers import Manager, NoManager, Outcome
 from mlx_watchdog.config import ServerConfig
@@ -64,6 +64,7 @@ from mlx_watchdog.record.document import ShownIncident
 from mlx_watchdog.record.store import Ref, row_id
 from mlx_watchdog.record.tally import Tally, abandoned_lately
 from mlx_watchdog.sense.memory import memory_holders, resident
+from mlx_watchdog.sense.round import Checker
 
 log = logging.getLogger("mlx_watchdog")
 
@@ -274,7 +275,7 @@ class Cycle:
                 # Most probes end in milliseconds; judge those in this tick.
                 self.checker.start().wait(min(self.server.probe.slow_after, interval / 2))
             pid = self.manager.pid()
-            v = self.checker.judge(pid, fresh_since=self.sight.fresh_since)
+            v = judged(self.checker, pid, fresh_since=self.sight.fresh_since)
         if v is not None:
             v = port_held(v, self.server, pid, self.crew.ladder.stranger)
             self.sight.verdict_mono = self.mono()

@@ -19,7 +19,6 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from mlx_watchdog import __version__
-from mlx_watchdog.act.check import Checker
 from mlx_watchdog.act.ladder import Ladder
 from mlx_watchdog.act.managers import Manager, System, make_manager
 from mlx_watchdog.config import Config, ConfigError, ServerConfig, load_config
@@ -43,6 +42,7 @@ from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.sense.memory import MemoryWatch, read_machine, resident
 from mlx_watchdog.sense.process import ProcessTable
+from mlx_watchdog.sense.round import Checker
 from mlx_watchdog.sense.signs import Machine
 from mlx_watchdog.sense.text import printable
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE

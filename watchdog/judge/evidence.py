@@ -1,6 +1,6 @@
-"""What a verdict is judged from: the `Observation` one look gathers (probe, process, answers,
-log, signs), and the `Evidence` kept of it, which `status`, the alerts and the history show.
-Pure: no I/O, `now` comes in."""
+"""What a verdict was judged from: the `Evidence` kept of one look's `Observation`
+(sense/observation.py), which `status`, the alerts and the history show. Pure: no I/O, `now`
+comes in."""
 
 from __future__ import annotations
 
@@ -12,33 +12,9 @@ from mlx_watchdog.judge.cause import Diagnosis
 from mlx_watchdog.judge.retry import Retry, retry_of
 from mlx_watchdog.sense.findings import (
     Client,
-    LoadReport,
-    ModelsCheck,
     Prefill,
-    ProbeSnapshot,
-    ProcessSample,
 )
-from mlx_watchdog.sense.signs import Signs
-
-
-@dataclass(frozen=True)
-class Observation:
-    """Everything one look at a server gathered: the probe, the process, its answers, its log."""
-
-    probe: ProbeSnapshot
-    process: ProcessSample
-    models: ModelsCheck | None = None
-    load: LoadReport | None = None  # what the server says about itself (its profile's routes)
-    leak_since: float | None = None  # since when every look showed requests with no client
-    loading_since: float | None = None  # since when every probe got "loading" (no process seen)
-    fans_out: bool = False  # the server counts each of a request's n choices as a request
-    prefill: Prefill | None = None  # the prefill the server's log tells of
-    progress_problem: str | None = None  # why the server's log could not be read
-    signs: Signs | None = None  # stacks, log errors, CPU over the wait, memory: for a cause
-    kind: str = ""  # the server's kind: which stacks and answers mean what
-    served: bool = False  # this process served a probe: it is no longer starting
-    live_seen: float | None = None  # when live clients were last seen during this probe's wait
-
+from mlx_watchdog.sense.observation import Observation
 
 BRIEF = (
     "waited_s",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from mlx_watchdog.config import ProbeSettings
 from mlx_watchdog.judge.cause import STATED, Cause, Diagnosis, Facts, diagnose
-from mlx_watchdog.judge.evidence import Evidence, Observation, evidence
+from mlx_watchdog.judge.evidence import Evidence, evidence
 from mlx_watchdog.judge.states import BAD_STATES, EXIT_CODES, State
 from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
@@ -17,8 +17,8 @@ from mlx_watchdog.sense.findings import (
     ModelsCheck,
     ProbeFinding,
     ProbeSnapshot,
-    ProcessSample,
 )
+from mlx_watchdog.sense.observation import Observation, leaked_requests
 from mlx_watchdog.sense.signs import Signs
 
 
@@ -299,18 +299,6 @@ def _drain_note(obs: Observation, s: ProbeSettings, now: float) -> str:
         "while the probe has had nothing (mlx-lm drains its batch before a request it cannot "
         "batch: one with a seed, an image, another model)"
     )
-
-
-def leaked_requests(load: LoadReport | None, proc: ProcessSample, *, fans_out: bool = False) -> int:
-    """Requests the server reports beyond its connected clients and the probe: work for
-    nobody, a slot leaked behind a closed socket. 0 when either side is unknown, and, for a
-    server that reports a request with n > 1 choices as n (vLLM), while any client is live:
-    one client may then hold any number."""
-    if load is None or not load.ok or load.queued is None or proc.live is None:
-        return 0
-    if fans_out and proc.live:
-        return 0
-    return max(0, load.queued - (proc.live + (proc.abandoned or 0) + 1))
 
 
 def _past_grace(age: float | None, waited: float, s: ProbeSettings) -> bool:
