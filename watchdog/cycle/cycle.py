@@ -15,17 +15,15 @@ import time
 from collections.abc import Callable
 
 from mlx_watchdog.act.check import judged
-from mlx_watchdog.act.ladder import Drain
-from mlx_watchdog.act.managers import Manager, NoManager, Outcome
+from mlx_watchdog.act.managers import Manager, NoManager
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.asks import Asks
 from mlx_watchdog.cycle.crew import Crew
-from mlx_watchdog.cycle.cures import named_throttled, port_held, settle_for, unloader_for
+from mlx_watchdog.cycle.cures import named_throttled, port_held
 from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.ledger import (
     Acted,
     Advised,
-    Dumped,
     FirstToken,
     GaveUp,
     Held,
@@ -33,8 +31,6 @@ from mlx_watchdog.cycle.ledger import (
     Opened,
     Probed,
     Released,
-    RestartBegun,
-    RestartEnded,
     Said,
     Served,
     Skipped,
@@ -42,6 +38,7 @@ from mlx_watchdog.cycle.ledger import (
     Unfinished,
 )
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
+from mlx_watchdog.cycle.restart import Attempt
 from mlx_watchdog.cycle.shown import Shown
 from mlx_watchdog.cycle.sight import Sight
 from mlx_watchdog.judge import budget, triggers
@@ -61,9 +58,9 @@ from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict, renamed
 from mlx_watchdog.record.document import ShownIncident
-from mlx_watchdog.record.store import Ref, row_id
+from mlx_watchdog.record.store import row_id
 from mlx_watchdog.record.tally import Tally, abandoned_lately
-from mlx_watchdog.sense.memory import memory_holders, resident
+from mlx_watchdog.sense.memory import memory_holders
 from mlx_watchdog.sense.round import Checker
 
 log = logging.getLogger("mlx_watchdog")
@@ -114,9 +111,7 @@ class Cycle:
         # the server while its job climbs a restart leaves the stop to the climb's end.
         self._owner = threading.Lock()
         self._climbing = False
-        self._restart_row: Ref = None
         self._backoff_said: float | None = None
-        self._restart_began = 0.0
         self.shown = self._view()
 
     def _view(self) -> Shown:
@@ -365,7 +360,7 @@ class Cycle:
             left=self._work_left(v.evidence),
         )
         for ended in plan.ended:
-            self._record_cure(*ended)
+            self.record_cure(*ended)
         if plan.goes_on and (wait := self.least.clearing) is not None:  # said: it lasts longer
             within = round(wait.until - wait.began, 1)
             self.transition(Phase.FAILING, EventKind.CLEARING, plan.goes_on, within_s=within)
@@ -377,7 +372,7 @@ class Cycle:
             e = v.evidence
             live = None if not e.live_connections else (e.oldest_live_s or 0.0) + self.interval
             done = self.crew.cancel(self.server, e.waited_s or 0.0, live)
-            self._record_cure(plan.begins, "sent" if done.ok else "failed", done.detail)
+            self.record_cure(plan.begins, "sent" if done.ok else "failed", done.detail)
             if not done.ok:
                 self.least.cancel_failed()
                 return f"cancelling failed ({done.detail})"
@@ -394,7 +389,7 @@ class Cycle:
         found = curve(self.store.last_calibration(self.server.name))
         return work_left(e.abandoned_bytes, e.abandoned_held_s, found)
 
-    def _record_cure(self, wait: Clearing, outcome: str, detail: str) -> None:
+    def record_cure(self, wait: Clearing, outcome: str, detail: str) -> None:
         action = {
             "at": self.wall(),
             "action": "cancel" if wait.cancel else "wait",
@@ -495,7 +490,7 @@ class Cycle:
         advice = None
         if (cleared := self.least.served(self.mono())) is not None:
             how, ended, advice = cleared
-            self._record_cure(*ended)
+            self.record_cure(*ended)
         self.streak = Streak()
         self.refused_said = False
         if self.needs_person is not None:
@@ -537,90 +532,29 @@ class Cycle:
             return False
         if not manual and not self._budget_allows(self.wall()):
             return False
-        ladder = self.crew.ladder
-        pid, problem = ladder.identity(self.server, self.manager)
+        pid, problem = self.crew.ladder.identity(self.server, self.manager)
         if problem is not None:
             if manual or not self.refused_said:
                 self.refused_said = True
                 self.emit(EventKind.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
-        dump = self.crew.dump(pid, self.server.log_file)  # what the restart throws away
-        incident = self.incident.id if self.incident else None
-        self.ledger.record(Dumped(dump.at, incident, {**dump.to_json(), "kind": self.server.kind}))
-        # A person's drain stays after the restart.
-        drains = self.server.restart.drain and not self.draining
-        drain = Drain(self.drain, self.undrain) if drains else None
-        begin = functools.partial(self._begin, trigger, reason, pid)
-        system, v = ladder.system, None if manual else self.verdict
-
-        def freed() -> int:  # asked only under memory pressure: a manager's pid() may run a command
-            return resident(self.manager.pid())
-
-        settle = settle_for(v, freed, self.crew.machine, system, self.mono)
-        unload = unloader_for(v, self.server, pid, system, self.mono)
         with self._owner:
             if self.retired:
                 return False
             self._climbing = True
         try:
-            climb = ladder.climb(
-                self.server,
-                self.manager,
-                self.checker,
-                drain=drain,
-                begin=begin,
-                settle=settle,
-                unload=unload,
-            )
+            attempt = Attempt(self, trigger, reason, pid, manual=manual)
+            climb = attempt.climb()
         finally:
             with self._owner:
                 self._climbing, retired = False, self.retired
             if retired:  # removed meanwhile: nothing this restart started runs on unsupervised
                 self.manager.stop()
-        done, started = self.wall(), self._restart_began
-        served_s = None if climb.served_at is None else climb.served_at - started
-        row = self._restart_row
-        self.ledger.record(RestartEnded(row, started, trigger, done, climb.result, served_s))
-        action = climb.action(started, trigger, self.manager.kind)
-        self.ledger.record(Acted(self.incident.id if self.incident else None, action))
-        if climb.served_at is not None and served_s is not None:
-            self.recovered(climb.served_at, recover_s=served_s, how="restarted")
-            return True
-        self._not_restarted(climb.result, climb.outcome)
-        return False
+        return attempt.ended(climb)
 
     def _memory_holders(self) -> str:
         machine = self.crew.machine()
         return memory_holders(self.crew.residents(), machine.total) if machine else ""
-
-    def _begin(self, trigger: str, reason: str, pid: int | None) -> None:
-        """Recorded before the manager acts (after the drain): a watchdog killed mid-restart
-        still counts it."""
-        started = self._restart_began = self.wall()
-        self.left_stopped = None
-        if (ended := self.least.restarting(self.mono())) is not None:
-            self._record_cure(*ended)
-        self._restart_row = self.ledger.record(RestartBegun(started, self.mono(), trigger))
-        how = f"restarting through {self.manager.kind} ({reason})"
-        self.transition(Phase.RESTARTING, EventKind.RESTARTING, how, trigger=trigger, pid=pid)
-
-    def _not_restarted(self, result: str, outcome: Outcome) -> None:
-        back = (
-            Phase.HELD
-            if self.needs_person is not None
-            else (Phase.FAILING if self.incident is not None else Phase.NORMAL)
-        )
-        if result == "interrupted":
-            self.transition(back, EventKind.INTERRUPTED, "the watchdog stopped during the restart")
-            return
-        exited = self.manager.exited()
-        if not outcome.ok:
-            why = outcome.detail
-        elif exited is not None:
-            why = f"the server {exited} before it served"
-        else:
-            why = f"no token within startup_grace ({self.server.probe.startup_grace:g}s)"
-        self.transition(back, EventKind.RESTART_FAILED, why, steps=list(outcome.steps))
 
     def _budget_allows(self, now: float) -> bool:
         settings = self.server.restart
