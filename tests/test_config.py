@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -153,7 +157,8 @@ BAD = [
     (
         "url with path",
         '[[server]]\nname = "qwen"\nurl = "http://127.0.0.1:8080/v1"',
-        'url = "http://127.0.0.1:8080/v1" must be the server\'s base URL without a path',
+        'url = "http://127.0.0.1:8080/v1" must be the server\'s base URL, without /v1, a query '
+        'or a fragment, like "http://127.0.0.1:8080"',
     ),
     (
         "bad manager",
@@ -453,3 +458,43 @@ def test_a_program_the_config_names_that_cannot_run_is_a_problem_for_check_and_d
 
     problems = [f["detail"] for f in json.loads(doctor.stdout) if f["level"] == "problem"]
     assert any('"mlx_lm.serverx" is not on the PATH' in p for p in problems), problems
+
+
+def test_a_url_with_a_proxys_path_keeps_it_and_never_takes_the_proxy_for_the_server(
+    tmp_path: Path,
+) -> None:
+    """A reverse proxy's prefix is the base the routes go after; the port behind it is the
+    proxy's, so its listener is never inspected, blamed or signalled as the server."""
+    from mlx_watchdog.act.managers.base import identity_problem
+    from mlx_watchdog.sense.process import Inspector, ProcessTable
+
+    path = tmp_path / "c.toml"
+    path.write_text('[[server]]\nname = "q"\nurl = "https://user:pw@gw.lan:8443/mlx/"\n')
+    server = load_config(path).servers[0]
+    assert server.url == "https://gw.lan:8443/mlx" and server.credentials == "user:pw"
+    assert server.behind_proxy and server.port == 8443
+    path.write_text('[[server]]\nname = "d"\nurl = "http://127.0.0.1:8080/"\n')
+    direct = load_config(path).servers[0]
+    assert direct.url == "http://127.0.0.1:8080" and not direct.behind_proxy
+
+    proxied = dataclasses.replace(server, url="http://127.0.0.1:8443/mlx", match="python")
+    assert not Inspector(proxied).local
+    assert Inspector(proxied).sample(os.getpid()).error == "the server is behind a proxy"
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        # This very process holds the port: a PID that is not its holder is refused directly,
+        # but behind a path only `match` identifies it.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            at = dataclasses.replace(proxied, url=f"http://127.0.0.1:{port}", match="python")
+            assert "does not hold port" in str(identity_problem(at, child.pid, ProcessTable()))
+            behind = dataclasses.replace(at, url=f"http://127.0.0.1:{port}/mlx")
+            assert identity_problem(behind, child.pid, ProcessTable()) is None
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        holder.close()

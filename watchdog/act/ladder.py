@@ -75,7 +75,7 @@ class Ladder:
     def identity(self, server: ServerConfig, manager: Manager) -> tuple[int | None, str | None]:
         """The PID a restart would signal, and why it must not be signalled (None: it may)."""
         pid = manager.pid()
-        if pid is None and manager.kind == "command":
+        if pid is None and manager.kind == "command" and not server.behind_proxy:
             pid = self.table.listener(server.port, server.host, server.match)
         return pid, identity_problem(server, pid, self.table)
 
@@ -191,6 +191,8 @@ class Ladder:
         manager's server (`ours`, None: it runs none) does not: a child the server left in
         its own session, which the manager's stop does not reach, or anything else. None when
         nothing does, or it is ours or one of its descendants (a wrapper's server)."""
+        if server.behind_proxy:  # the port is the proxy's
+            return None
         holder = self.table.listener(server.port, server.host, server.match)
         if holder is None or holder == ours:
             return None

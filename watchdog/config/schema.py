@@ -270,8 +270,13 @@ class ServerConfig:
         parts = urlsplit(self.url)
         if "@" in parts.netloc:
             userinfo, _, hostport = parts.netloc.rpartition("@")
-            object.__setattr__(self, "url", f"{parts.scheme}://{hostport}")
+            object.__setattr__(self, "url", f"{parts.scheme}://{hostport}{parts.path}")
             object.__setattr__(self, "credentials", userinfo)
+
+    @property
+    def behind_proxy(self) -> bool:
+        """A URL with a path: a reverse proxy's prefix, whose port is the proxy's."""
+        return bool(urlsplit(self.url).path)
 
     @property
     def host(self) -> str:

@@ -165,12 +165,16 @@ def parse_url(value: object, where: str) -> str:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise ValueError(f"{where} = {show(value)} has an invalid port") from None
-    if parts.path not in ("", "/"):
+    # A path is a reverse proxy's prefix ("https://gw.lan/mlx"): the routes go after it. The
+    # OpenAI base URL clients are given ends in /v1; the watchdog adds /v1 itself.
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1") or parts.query or parts.fragment:
+        base = f"{parts.scheme}://{parts.netloc}{path.removesuffix('/v1')}"
         raise ValueError(
-            f"{where} = {show(value)} must be the server's base URL without a path, "
-            f'like "{parts.scheme}://{parts.netloc}"'
+            f"{where} = {show(value)} must be the server's base URL, without /v1, a query "
+            f'or a fragment, like "{base}"'
         )
-    return f"{parts.scheme}://{parts.netloc}"
+    return f"{parts.scheme}://{parts.netloc}{path}"
 
 
 def parse_listen(value: object, where: str) -> tuple[str, int | None]:

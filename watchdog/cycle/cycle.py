@@ -17,49 +17,39 @@ from collections.abc import Callable
 from mlx_watchdog.act.check import judged
 from mlx_watchdog.act.managers import Manager, NoManager
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.cycle import incidents
 from mlx_watchdog.cycle.asks import Asks
 from mlx_watchdog.cycle.crew import Crew
 from mlx_watchdog.cycle.cures import named_throttled, port_held
 from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.ledger import (
     Acted,
-    Advised,
     FirstToken,
     GaveUp,
-    Held,
     Ledger,
-    Opened,
     Probed,
-    Released,
     Said,
-    Served,
     Skipped,
     TickFailed,
     Unfinished,
 )
 from mlx_watchdog.cycle.phases import TRANSITIONS, OpenIncident, Phase
-from mlx_watchdog.cycle.restart import Attempt
-from mlx_watchdog.cycle.shown import Shown
+from mlx_watchdog.cycle.restart import Attempt, budget_allows
+from mlx_watchdog.cycle.shown import view_of
 from mlx_watchdog.cycle.sight import Sight
-from mlx_watchdog.judge import budget, triggers
-from mlx_watchdog.judge.advice import Abandoned, nobody_restarts, retry_loop
+from mlx_watchdog.judge import triggers
 from mlx_watchdog.judge.cause import (
     NO_PROGRESS,
     WORDS,
     Cause,
-    Diagnosis,
-    budget_spent,
-    recurring,
 )
 from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.estimate import WorkLeft, curve, work_left
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
-from mlx_watchdog.judge.verdict import Verdict, renamed
-from mlx_watchdog.record.document import ShownIncident
-from mlx_watchdog.record.store import row_id
-from mlx_watchdog.record.tally import Tally, abandoned_lately
+from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.tally import Tally
 from mlx_watchdog.sense.memory import memory_holders
 from mlx_watchdog.sense.round import Checker
 
@@ -112,37 +102,11 @@ class Cycle:
         self._owner = threading.Lock()
         self._climbing = False
         self._backoff_said: float | None = None
-        self.shown = self._view()
-
-    def _view(self) -> Shown:
-        i, now, s = self.incident, self.wall(), self.sight
-        figures = self.tally.figures(
-            self.server,
-            now,
-            self.mono(),
-            incident=None if i is None else ShownIncident(row_id(i.id), i.state, i.began_at),
-            needs_person=self.needs_person,
-        )
-        return Shown(
-            self.server,
-            figures,
-            watched_since=s.watched_since,
-            tick_moved=s.tick_moved,
-            verdict=self.verdict,
-            judged_at=self.judged_at,
-            state_since=self.state_since,
-            verdict_mono=s.verdict_mono,
-            tick_began=s.tick_began,
-            tick_problem=s.tick_problem,
-            draining=self.draining,
-            restarting=self.restarting,
-            clearing=self.least.clearing,
-            local=self.checker.inspector.local,
-        )
+        self.shown = view_of(self)
 
     def publish(self) -> None:
         """Replace the view other threads read, in one assignment (after each change)."""
-        self.shown = self._view()
+        self.shown = view_of(self)
 
     @property
     def tally(self) -> Tally:
@@ -282,7 +246,9 @@ class Cycle:
 
     def _judged(self, v: Verdict) -> None:
         calibration = functools.partial(self.store.last_calibration, self.server.name)
-        v = named_throttled(self._recurring(v), calibration, self.server.probe.idle_cpu_percent)
+        v = named_throttled(
+            incidents.recurring_named(self, v), calibration, self.server.probe.idle_cpu_percent
+        )
         before = self.verdict.state if self.verdict else None
         self.verdict = v
         now = self.judged_at = self.wall()
@@ -295,8 +261,8 @@ class Cycle:
                 self.ledger.record(FirstToken(round(self.mono() - self.started_mono, 1)))
                 self.started_mono = None
             if v.evidence.tokens > 0 and not self.least.held_down(v, now):
-                self.recovered(
-                    self.least.first_served or now, recover_s=None, how="recovered by itself"
+                incidents.recovered(
+                    self, self.least.first_served or now, recover_s=None, how="recovered by itself"
                 )
             return
         exited = self._exited(v)
@@ -307,9 +273,9 @@ class Cycle:
             return
         if self.incident is None:
             # The outage began when the unanswered probe was sent, not when it was judged.
-            self._detected(v, now - (v.evidence.waited_s or 0.0))
+            incidents.opened(self, v, now - (v.evidence.waited_s or 0.0))
         else:  # more clients may have given up
-            self._advise(v)
+            incidents.advise(self, v)
             if v.evidence.cause not in (None, Cause.UNKNOWN):
                 self.incident.cause = str(v.evidence.cause)
         if trigger is not None:
@@ -398,28 +364,6 @@ class Cycle:
         }
         self.ledger.record(Acted(self.incident.id if self.incident else None, action))
 
-    def _recurring(self, v: Verdict) -> Verdict:
-        """An abandoned prefill back again after cures: named for its cause, the clients'
-        timeouts. Counted once per incident, from the history of the budget's window."""
-        if v.state not in BAD_STATES or v.evidence.cause != Cause.ABANDONED_PREFILL:
-            return v
-        earlier = self.cured_lately() if self.incident is None else self.incident.earlier
-        cause = recurring(Cause.ABANDONED_PREFILL, earlier)
-        if cause is Cause.ABANDONED_PREFILL:
-            return v
-        because = (
-            f"{earlier} earlier wedge{'s' if earlier != 1 else ''} from abandoned requests in "
-            f"the last {self.server.restart.window:g} s, each cured; a restart treats the "
-            "symptom: the clients' timeouts must outlast their prefill"
-        )
-        return renamed(v, Diagnosis(cause, because))
-
-    def cured_lately(self) -> int:
-        """Incidents from abandoned requests in the budget's window that ended served."""
-        since = self.wall() - self.server.restart.window
-        held = (Cause.ABANDONED_PREFILL, Cause.CLIENT_TIMEOUTS)
-        return sum(1 for at, cause in self.tally.cured if at >= since and cause in held)
-
     def _count_gave_up(self) -> None:
         """Clients seen leaving since the last tick: history, a metric and the day's count."""
         n = self.checker.inspector.gave_up - self.gave_up_counted
@@ -433,15 +377,6 @@ class Cycle:
         if self.sight.notice_jump(self.server.name, self.wall(), self.mono(), interval):
             self.checker.load.forget()
             self.streak = Streak()
-
-    def _advise(self, v: Verdict) -> str | None:
-        if self.incident is None:
-            return None
-        calibration = functools.partial(self.store.last_calibration, self.server.name)
-        advice = self.incident.advice(v.evidence.gave_up_after_s, calibration)
-        if advice:
-            self.ledger.record(Advised(self.incident.id, advice))
-        return advice
 
     # -- events -----------------------------------------------------------------------------
 
@@ -461,63 +396,6 @@ class Cycle:
         state = self.verdict.state if self.verdict else None
         self.ledger.record(Said(self.wall(), kind, message, state, dict(data)))
 
-    def _detected(self, v: Verdict, began: float) -> None:
-        """Open the incident: in memory always, in the history when it can be written."""
-        now = self.wall()
-        seen = [
-            *abandoned_lately(self.store, self.server.name, now),
-            Abandoned.of(v.evidence.to_json()),
-        ]
-        self.incident = OpenIncident(
-            began,
-            v.state,
-            loop=retry_loop([a for a in seen if a]),
-            earlier=self.cured_lately(),
-            cause=v.evidence.cause or "unknown",
-        )
-        self.incident.id = self.ledger.record(
-            Opened(now, began, v.state, v.reason, v.evidence.to_json())
-        )
-        advice = self._advise(v)
-        message = f"{v.reason}. {advice}" if advice else v.reason
-        if isinstance(self.manager, NoManager):
-            message = f"{message}. {nobody_restarts(self.server.name)}"
-        held = self.phase is Phase.HELD  # held before this incident: it stays held
-        to = Phase.HELD if held else Phase.FAILING
-        self.transition(to, EventKind.DETECTED, message, advice=advice, **v.evidence.brief())
-
-    def recovered(self, at: float, *, recover_s: float | None, how: str) -> None:
-        advice = None
-        if (cleared := self.least.served(self.mono())) is not None:
-            how, ended, advice = cleared
-            self.record_cure(*ended)
-        self.streak = Streak()
-        self.refused_said = False
-        if self.needs_person is not None:
-            self.ledger.record(Released())
-            self.needs_person = None
-        incident, self.incident = self.incident, None
-        if incident is None:
-            self.ledger.record(Served(at))
-            if self.phase is not Phase.NORMAL:
-                self.transition(Phase.NORMAL, None, "")
-            return
-        outage = at - incident.began_at
-        if incident.id is not None and advice:
-            self.ledger.record(Advised(incident.id, advice))
-        self.ledger.record(Served(at, incident.id, how, recover_s, incident.cause))
-        timing = f"outage {outage:.1f} s" + (
-            f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
-        )
-        self.transition(
-            Phase.NORMAL,
-            EventKind.RECOVERED,
-            f"serving again ({how}); {timing}" + (f". {advice}" if advice else ""),
-            outage_s=round(outage, 3),
-            recover_s=None if recover_s is None else round(recover_s, 3),
-            **({"resent": advice} if advice else {}),  # the deadline a resent prompt needs
-        )
-
     # -- restarts ---------------------------------------------------------------------------
 
     def restart(self, trigger: str, reason: str, *, manual: bool = False) -> bool:
@@ -530,7 +408,7 @@ class Cycle:
             if manual:
                 self.emit(EventKind.REFUSED, 'not restarting: manager = "none" observes only')
             return False
-        if not manual and not self._budget_allows(self.wall()):
+        if not manual and not budget_allows(self, self.wall()):
             return False
         pid, problem = self.crew.ladder.identity(self.server, self.manager)
         if problem is not None:
@@ -555,28 +433,6 @@ class Cycle:
     def _memory_holders(self) -> str:
         machine = self.crew.machine()
         return memory_holders(self.crew.residents(), machine.total) if machine else ""
-
-    def _budget_allows(self, now: float) -> bool:
-        settings = self.server.restart
-        restarts = self.tally.restarts(now, self.mono())
-        allowance = budget.allowance(settings, restarts, now)
-        if allowance.spent and self.needs_person is None:
-            since = now - settings.window
-            cured = sum(1 for at in self.tally.restarts_served if at >= since)
-            v = self.verdict
-            cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
-            refill = min((t for t in restarts if t > since), default=now) + settings.window - now
-            said = budget_spent(allowance.used, settings.window, cured, cause, max(0.0, refill))
-            self.needs_person = said
-            self.ledger.record(Held(now, said))
-            self.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))
-        elif not allowance.spent and allowance.not_before not in (None, self._backoff_said):
-            self._backoff_said = allowance.not_before  # said once per pause, not every tick
-            wait = (allowance.not_before or now) - now
-            log.info(
-                "%s backing off: the next restart in %.0f s at the earliest", self.server.name, wait
-            )
-        return allowance.allowed and not allowance.spent
 
     def drain(self) -> None:
         """Turn the server's /healthz to 503 and run drain_command."""

@@ -1,4 +1,4 @@
-"""One restart of one server, from its dump to how it ended.
+"""One restart of one server: whether the budget allows it, and from its dump to how it ended.
 
 The cycle decides a restart is due and that the budget and the identity check allow it; an
 `Attempt` then takes the server's last words, climbs the ladder (act/ladder.py: drain, the
@@ -8,19 +8,25 @@ manager acts, so a watchdog killed meanwhile still counts it), `RestartEnded` an
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from mlx_watchdog.act.ladder import Climb, Drain
 from mlx_watchdog.act.managers import Outcome
+from mlx_watchdog.cycle import incidents
 from mlx_watchdog.cycle.cures import settle_for, unloader_for
-from mlx_watchdog.cycle.ledger import Acted, Dumped, RestartBegun, RestartEnded
+from mlx_watchdog.cycle.ledger import Acted, Dumped, Held, RestartBegun, RestartEnded
 from mlx_watchdog.cycle.phases import Phase
+from mlx_watchdog.judge import budget
+from mlx_watchdog.judge.cause import Cause, budget_spent
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.record.store import Ref
 from mlx_watchdog.sense.memory import resident
 
 if TYPE_CHECKING:
     from mlx_watchdog.cycle.cycle import Cycle
+
+log = logging.getLogger("mlx_watchdog")
 
 
 class Attempt:
@@ -77,7 +83,7 @@ class Attempt:
         action = climb.action(started, trigger, c.manager.kind)
         c.ledger.record(Acted(c.incident.id if c.incident else None, action))
         if climb.served_at is not None and served_s is not None:
-            c.recovered(climb.served_at, recover_s=served_s, how="restarted")
+            incidents.recovered(c, climb.served_at, recover_s=served_s, how="restarted")
             return True
         self._not_restarted(climb.result, climb.outcome)
         return False
@@ -100,3 +106,26 @@ class Attempt:
         else:
             why = f"no token within startup_grace ({c.server.probe.startup_grace:g}s)"
         c.transition(back, EventKind.RESTART_FAILED, why, steps=list(outcome.steps))
+
+
+def budget_allows(c: Cycle, now: float) -> bool:
+    """Whether the budget allows a restart now; once spent, the server is held for a person
+    (said once), and a backoff is logged once per pause."""
+    settings = c.server.restart
+    restarts = c.tally.restarts(now, c.mono())
+    allowance = budget.allowance(settings, restarts, now)
+    if allowance.spent and c.needs_person is None:
+        since = now - settings.window
+        cured = sum(1 for at in c.tally.restarts_served if at >= since)
+        v = c.verdict
+        cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
+        refill = min((t for t in restarts if t > since), default=now) + settings.window - now
+        said = budget_spent(allowance.used, settings.window, cured, cause, max(0.0, refill))
+        c.needs_person = said
+        c.ledger.record(Held(now, said))
+        c.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))
+    elif not allowance.spent and allowance.not_before not in (None, c._backoff_said):
+        c._backoff_said = allowance.not_before  # said once per pause, not every tick
+        wait = (allowance.not_before or now) - now
+        log.info("%s backing off: the next restart in %.0f s at the earliest", c.server.name, wait)
+    return allowance.allowed and not allowance.spent

@@ -9,13 +9,19 @@ the view's verdict is belongs to the reader's clock: `blindness` takes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge import bounds
 from mlx_watchdog.judge.clearing import Clearing
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.document import ShownIncident
+from mlx_watchdog.record.store import row_id
 from mlx_watchdog.record.tally import Figures
+
+if TYPE_CHECKING:
+    from mlx_watchdog.cycle.cycle import Cycle
 
 
 @dataclass(frozen=True)
@@ -74,3 +80,31 @@ def sight_said(shown: Shown, blind: str | None, said: bool) -> tuple[EventKind, 
     if blind is None and said and shown.verdict_mono is not None:
         return EventKind.SEEING, f"a fresh verdict again: {shown.state}"
     return None
+
+
+def view_of(c: Cycle) -> Shown:
+    """The cycle as of now, for `Cycle.publish` (its own job only)."""
+    i, now, s = c.incident, c.wall(), c.sight
+    figures = c.tally.figures(
+        c.server,
+        now,
+        c.mono(),
+        incident=None if i is None else ShownIncident(row_id(i.id), i.state, i.began_at),
+        needs_person=c.needs_person,
+    )
+    return Shown(
+        c.server,
+        figures,
+        watched_since=s.watched_since,
+        tick_moved=s.tick_moved,
+        verdict=c.verdict,
+        judged_at=c.judged_at,
+        state_since=c.state_since,
+        verdict_mono=s.verdict_mono,
+        tick_began=s.tick_began,
+        tick_problem=s.tick_problem,
+        draining=c.draining,
+        restarting=c.restarting,
+        clearing=c.least.clearing,
+        local=c.checker.inspector.local,
+    )

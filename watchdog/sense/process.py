@@ -222,7 +222,8 @@ class Inspector:
         self.table = table or ProcessTable()
         self.mono = mono  # spans: connection ages, the process's age
         self.wall = wall  # what psutil's create_time is read against
-        self.local = is_local_host(server.host)
+        # Behind a path prefix the port is a reverse proxy's: its listener is not the server.
+        self.local = is_local_host(server.host) and not server.behind_proxy
         self._proc: psutil.Process | None = None
         self._proc_first = True
         self._clients: dict[Address, Client] = {}
@@ -236,7 +237,8 @@ class Inspector:
         `exclude` holds the watchdog's own probe addresses: neither live nor abandoned.
         """
         if not self.local:
-            return ProcessSample(pid=None, local=False, error="the server is on another machine")
+            where = "behind a proxy" if self.server.behind_proxy else "on another machine"
+            return ProcessSample(pid=None, local=False, error=f"the server is {where}")
         now = self.mono()
         port = self.server.port
         guessed = pid is None and self._proc is not None

@@ -291,13 +291,14 @@ def wait_for(check: Callable[[], bool], timeout: float, system: System, step: fl
 def identity_problem(server: ServerConfig, pid: int | None, table: ProcessTable) -> str | None:
     """Why `pid` must not be signalled as this server, or None when it is safe.
 
-    The PID must hold the listening socket on the server's port (when anything does) and its
-    command line must contain `match`.
+    The PID must hold the listening socket on the server's port (when anything does; behind a
+    proxy's path the port is the proxy's) and its command line must contain `match`.
     """
     if pid is None:
         return None
     try:
-        listener = table.listener(server.port, server.host, server.match)
+        proxied = server.behind_proxy
+        listener = None if proxied else table.listener(server.port, server.host, server.match)
         proc = table.process(pid)
         cmdline = " ".join(proc.cmdline())
     except psutil.NoSuchProcess:
