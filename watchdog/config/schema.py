@@ -184,7 +184,9 @@ class ServerConfig:
 
     name: str = setting(parse=parse_name, doc="unnamed servers are mlx-<port>", example="mlx")
     url: str = setting(
-        parse=parse_url, doc="required: the server's base URL", example="http://127.0.0.1:8080"
+        parse=parse_url,
+        doc="required: the server's base URL (a path is a reverse proxy's prefix; no /v1)",
+        example="http://127.0.0.1:8080",
     )
     kind: Kind = setting(
         "mlx_lm",
