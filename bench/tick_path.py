@@ -4,7 +4,8 @@ A misbehaving server that hangs is watched through the `command` manager; the da
 on this thread under a profiler until a restart has brought the server back. Of that tick it
 counts each call from one module of the package into another ("moves"), and those of them that
 go from a lower layer back up to a higher one ("climbs back up": callbacks), with the modules
-each tick enters. Layers as in pyproject.toml's contract.
+each tick enters, and the calls from cycle/ into record/ (issue 45: what a cycle learns is written
+through its ledger only; the rest of cycle/ reads). Layers as in pyproject.toml's contract.
 
     python bench/tick_path.py
 """
@@ -84,6 +85,14 @@ def main() -> None:
     print(f"the tick that restarted: {len(moves)} moves between modules, {len(climbs)} back up")
     for (a, b), n in collections.Counter(climbs).most_common():
         print(f"  up: {a} -> {b} ({n})")
+    # Issue 45: what a cycle learns leaves it through its ledger; the rest of cycle/ only reads.
+    out = collections.Counter(
+        (a, b) for a, b in moves if a.startswith("cycle.") and b.startswith("record.")
+    )
+    print(
+        "cycle/ -> record/: "
+        + (", ".join(f"{a} -> {b} {n}" for (a, b), n in out.most_common()) or "none")
+    )
     entered = collections.Counter(b for _, b in moves)
     print("modules entered: " + ", ".join(f"{m} {n}" for m, n in entered.most_common()))
 
