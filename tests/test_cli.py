@@ -185,7 +185,15 @@ try:
     cli(["status", "--json"])
 except SystemExit:
     pass
-heavy = ("httpx", "mlx_watchdog.cycle", "mlx_watchdog.daemon", "mlx_watchdog.sense.probe")
+heavy = (
+    "httpx",
+    "mlx_watchdog.cycle",
+    "mlx_watchdog.daemon",
+    "mlx_watchdog.sense.probe",
+    "mlx_watchdog.cli.advise",
+    "mlx_watchdog.cli.watch",
+    "mlx_watchdog.cli.install",
+)
 print(" ".join(m for m in heavy if m in sys.modules), file=sys.stderr)
 """
 
@@ -196,6 +204,19 @@ def test_status_without_a_daemon_does_not_import_the_daemons_stack() -> None:
     done = subprocess.run([sys.executable, "-c", STATUS_IMPORTS], capture_output=True, text=True)
     assert '"running": false' in done.stdout, done.stdout + done.stderr
     assert done.stderr.strip().splitlines()[-1:] in ([], [""]), done.stderr
+
+
+def test_every_command_is_found_in_the_module_the_group_imports_for_it() -> None:
+    """The group imports a command's module when it is asked for: the map names each
+    module's commands, all of them and only those."""
+    import importlib
+
+    from mlx_watchdog.cli.app import MODULES
+
+    for module in set(MODULES.values()):
+        defined = {c.name for c in importlib.import_module(f"mlx_watchdog.cli.{module}").COMMANDS}
+        assert defined == {name for name, m in MODULES.items() if m == module}, module
+    assert all(CliRunner().invoke(cli, [name, "--help"]).exit_code == 0 for name in MODULES)
 
 
 def test_history_without_a_database_has_no_incidents() -> None:

@@ -1,13 +1,10 @@
-"""The `mlx-watchdog` command. Each module defines its commands; they are registered here."""
+"""The `mlx-watchdog` command. Each module under cli/ defines its commands (`COMMANDS`); the
+group imports a module when one of its commands is asked for (cli/app.py `Group`), so `status`
+never pays for `calibrate`'s imports."""
 
 from __future__ import annotations
 
-from mlx_watchdog.cli import advise, compare, fleet, install, ops, watch
 from mlx_watchdog.cli.app import cli
-
-for _module in (watch, ops, install, advise, compare, fleet):
-    for _command in _module.COMMANDS:
-        cli.add_command(_command)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ rich is imported on first use: a command that prints JSON, and `--help`, never p
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -162,10 +163,33 @@ def load_or_exit(config_path: Path | None) -> Config:
     return config
 
 
+# Each command and the module under cli/ that defines it (in its COMMANDS), imported when the
+# command is asked for; a test holds this map to the modules.
+MODULES = {
+    **dict.fromkeys(("probe", "run", "demo", "config"), "watch"),
+    **dict.fromkeys(("alert", "status", "open", "history", "restart", "drain", "undrain"), "ops"),
+    **dict.fromkeys(("install", "uninstall", "server"), "install"),
+    **dict.fromkeys(("calibrate", "drill", "doctor"), "advise"),
+    "compare": "compare",
+    **dict.fromkeys(("prometheus", "fleet"), "fleet"),
+}
+
+
 class Group(click.Group):
     """click's group, with the monitoring convention's exit codes: a usage error (a typo, an
     unknown option, two options that exclude each other) exits 3, "unknown", never click's 2,
-    which a check reads as critical (wedged, dead or down)."""
+    which a check reads as critical (wedged, dead or down). A command's module is imported
+    when the command is asked for (`MODULES`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *MODULES})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in MODULES:
+            module = importlib.import_module(f"mlx_watchdog.cli.{MODULES[cmd_name]}")
+            for command in module.COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, cmd_name)
 
     def main(
         self,
