@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from mlx_watchdog.advice.calibrate import Calibration, Fit, Point, advise, fit, parse_tokens
-from mlx_watchdog.judge.advice import MARGIN, incident_advice
+from mlx_watchdog.judge.advice import MARGIN, article, incident_advice
 from mlx_watchdog.judge.estimate import curve
 from mlx_watchdog.record.store import Store
-from tests.conftest import Running, mlx_watchdog
+from tests.conftest import Running, mlx_watchdog, wait_until_serving
 
 
 def points_of(f: Fit, sizes: list[int]) -> list[Point]:
@@ -65,6 +65,21 @@ def test_incident_advice_with_and_without_a_calibration() -> None:
         "2 clients gave up after 238-241 s of waiting; a 49k-token prompt needs about 190 s "
         "here (last calibration); raise their timeouts to at least 390 s"
     )  # 241 s x 1.5, rounded up to 30 s, is more than the calibrated 300 s
+    # Two left, one of them between two looks: both counted, and the unseen wait said so.
+    both = incident_advice([238.0], None, gone=2)
+    assert both is not None and both.startswith(
+        "2 clients gave up after 238 s of waiting (1 of them left before a look saw how long"
+    )
+    eight = {"advice": {"prompt_tokens": 8 * 1024, "prefill_s": 30.0, "client_s": 60}}
+    assert "; an 8k-token prompt needs about 30 s" in str(incident_advice([40.0], eight))
+
+
+@pytest.mark.parametrize(
+    ("label", "said"),
+    [("8k", "an"), ("11k", "an"), ("18,500", "an"), ("800", "an"), ("110k", "a"), ("1,000", "a")],
+)
+def test_a_number_takes_the_article_it_is_said_with(label: str, said: str) -> None:
+    assert article(label) == said
 
 
 # -- against the real server ---------------------------------------------------------------
@@ -175,3 +190,96 @@ def test_the_maintenance_windows_calibration_is_kept(
     kept = store.last_calibration("mac1")
     assert kept is not None and kept["advice"]["client_s"] > 0 and len(kept["points"]) == 2
     store.close()
+
+
+@pytest.mark.real_server
+def test_each_step_is_estimated_before_it_and_one_past_the_bound_left_out(
+    batched_server: Running,
+) -> None:
+    """Two points are enough to extrapolate: each larger step says its time before it is
+    sent, and one that would outlast the bound is not sent at all (the fit goes on)."""
+    from mlx_watchdog.advice.calibrate import run_calibration
+    from mlx_watchdog.config import ServerConfig
+
+    said: list[str] = []
+    server = ServerConfig(name="s", url=batched_server.url)
+    cal = run_calibration(server, [500, 2048, 10**9], say=said.append, timeout=60.0)
+    assert any(m.startswith("prefilling about 2048 tokens (about ") for m in said), said
+    assert any(
+        m.startswith("not prefilling 1000000000 tokens: about ") and "past the 60 s bound" in m
+        for m in said
+    ), said
+    sizes = [p.prompt_tokens for p in cal.points]
+    assert len(sizes) == 2 and abs(sizes[0] - 500) < 150 and abs(sizes[1] - 2048) < 500, sizes
+
+
+@pytest.mark.real_server
+def test_an_interrupted_calibration_says_what_it_left_and_records_it_as_its_own(
+    batched_server: Running,
+) -> None:
+    """Ctrl-C in the middle of a long step closes the connection, but the server prefills on
+    for nobody: calibrate says so, and its connection is on record as the watchdog's own, so a
+    running watchdog never blames a client for it."""
+    import signal
+    import sys
+    import time
+
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlx_watchdog",
+            "calibrate",
+            "--url",
+            batched_server.url,
+            "--sizes",
+            "500,12k",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert run.stderr is not None
+        lines = []
+        for line in run.stderr:
+            lines.append(line)
+            if line.startswith("prefilling about 12288 tokens (about "):
+                break
+        else:
+            pytest.fail("".join(lines))
+        record = Path(os.environ["XDG_STATE_HOME"]) / "mlx-watchdog" / "left-probes.json"
+        deadline = time.monotonic() + 30
+        # The 12k prompt's connection on record (the 500's may still be: a shortened entry is
+        # written with the next one).
+        before = _kept_long(record)
+        while time.monotonic() < deadline and not _kept_long(record) - before:
+            time.sleep(0.05)
+        run.send_signal(signal.SIGINT)
+        _, rest = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    said = "".join(lines) + rest
+    assert run.returncode == 1, said
+    assert "interrupted: " in said and "goes on prefilling the 12288-token prompt" in said
+    entries = json.loads(_read(record))
+    assert any(e[2] > time.time() + 600 for e in entries), entries
+    wait_until_serving(batched_server)  # what it left, prefilled to its end here
+
+
+def _kept_long(record: Path) -> set[int]:
+    """The ports of the entries kept for the calibration's bound (30 min), not a check's."""
+    import time
+
+    text = _read(record)
+    return {e[1] for e in json.loads(text) if e[2] > time.time() + 600} if text else set()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -22,10 +22,12 @@ from typing import Any
 
 from mlx_watchdog.act.check import check_once
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.judge.advice import MARGIN, round_up
+from mlx_watchdog.judge.advice import MARGIN, article, round_up
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.record.store import Store
+from mlx_watchdog.sense.findings import Address
+from mlx_watchdog.sense.own_connections import ANSWERED_GRACE
 from mlx_watchdog.sense.probe import OK, Probe, ProbeSnapshot
 
 WORDS_PROBE = 300
@@ -36,6 +38,10 @@ _FILLER = ("alpha", "beta", "gamma", "delta", "river", "stone", "light", "window
 
 class CalibrationError(Exception):
     """Calibration could not measure; the message says what the server answered."""
+
+
+class CalibrationInterrupted(CalibrationError):
+    """A person stopped the run mid-prompt; the message says what the server still does."""
 
 
 def parse_tokens(value: str, where: str) -> int:
@@ -180,11 +186,17 @@ def filler(words: int, nonce: str) -> str:
     return f"[{nonce}] {body}"
 
 
-def measure(server: ServerConfig, text: str, max_tokens: int, timeout: float) -> ProbeSnapshot:
+def measure(
+    server: ServerConfig,
+    text: str,
+    max_tokens: int,
+    timeout: float,
+    on_connect: Callable[[Address], None] | None = None,
+) -> ProbeSnapshot:
     settings = replace(
         server.probe.around("hard_timeout", timeout), prompt=text, max_tokens=max_tokens
     )
-    snap = Probe(replace(server, probe=settings)).run()
+    snap = Probe(replace(server, probe=settings), on_connect=on_connect).run()
     if snap.finding != OK or snap.first_token_at is None:
         raise CalibrationError(
             f"a {len(text.split())}-word prompt was not answered: {snap.finding} {snap.detail}"
@@ -199,30 +211,83 @@ def run_calibration(
     say: Callable[[str], None] = lambda _: None,
     timeout: float = 1800.0,
     wall: Callable[[], float] = time.time,
+    left: LeftProbes | None = None,
 ) -> Calibration:
-    per_word = tokens_per_word(server, timeout)
+    """Measure each size, smallest first. From the second point on, each step's time is
+    estimated before it is sent (said, and a step estimated past `timeout` is left out); each
+    prompt's connection is on record in `left` while it runs, so that one left on the server by
+    an interrupted run (a server does not stop a prefill whose client left) is the watchdog's
+    own, never blamed on a client."""
+    per_word, warm = tokens_per_word(server, timeout)
     points: list[Point] = []
     for size in sorted(sizes):
-        words = max(1, int(size / per_word))
-        say(f"prefilling about {size} tokens ...")
-        text = filler(words, secrets.token_hex(8))
-        snap = measure(server, text, 1, timeout)
-        assert snap.ttft is not None
-        sent = len(json.dumps({"messages": [{"role": "user", "content": text}]}).encode())
-        point = Point(snap.prompt_tokens or size, round(snap.ttft, 4), snap.cached_tokens, sent)
+        known = [warm, *points]
+        guess = fit(known).prefill_s(size) if len(known) >= 2 else None
+        if guess is not None and guess > timeout:
+            say(
+                f"not prefilling {size} tokens: about {guess:.0f} s by the sizes so far, past the "
+                f"{timeout:.0f} s bound; the fit extrapolates from the smaller ones"
+            )
+            break
+        about = "" if guess is None else f" (about {guess:.0f} s by the sizes so far)"
+        say(f"prefilling about {size} tokens{about} ...")
+        text = filler(max(1, int(size / per_word)), secrets.token_hex(8))
+        point = _point(server, text, size, timeout, left, guess)
         points.append(point)
         say(f"  {point.prompt_tokens} tokens: first token after {point.prefill_s:.2f} s")
+    if len(points) < 2:
+        points.insert(0, warm)
     say("decoding a longer answer ...")
     decode_tps, decode_note = decode_rate(server, timeout)
     return Calibration(server.name, wall(), tuple(points), fit(points), decode_tps, decode_note)
 
 
-def tokens_per_word(server: ServerConfig, timeout: float) -> float:
-    """How many tokens a filler word costs on this server, to size prompts in tokens."""
-    warm = measure(server, filler(WORDS_PROBE, secrets.token_hex(8)), 1, timeout)
+def _point(
+    server: ServerConfig,
+    text: str,
+    size: int,
+    timeout: float,
+    left: LeftProbes | None,
+    guess: float | None,
+) -> Point:
+    """One prompt measured, its connection on record while it runs."""
+    used: list[Address] = []
+
+    def note(address: Address) -> None:
+        used.append(address)
+        if left is not None:
+            left.add(address, keep_for=timeout)
+
+    try:
+        snap = measure(server, text, 1, timeout, on_connect=note)
+    except KeyboardInterrupt:
+        if not used:  # stopped before it connected: nothing left on the server
+            raise
+        more = "" if guess is None else f" (about {guess:.0f} s of it in all)"
+        raise CalibrationInterrupted(
+            f"interrupted: {server.name} goes on prefilling the {size}-token prompt{more}: a "
+            "server does not stop a prefill whose client left. A running watchdog knows it as "
+            "calibrate's own, not a client's; clients wait behind it until it ends"
+        ) from None
+    for address in used:
+        if left is not None:
+            left.shorten(address, keep_for=ANSWERED_GRACE)
+    assert snap.ttft is not None
+    sent = len(json.dumps({"messages": [{"role": "user", "content": text}]}).encode())
+    return Point(snap.prompt_tokens or size, round(snap.ttft, 4), snap.cached_tokens, sent)
+
+
+def tokens_per_word(server: ServerConfig, timeout: float) -> tuple[float, Point]:
+    """How many tokens a filler word costs on this server, to size prompts in tokens; and the
+    small prompt's time, the first point an estimate has."""
+    text = filler(WORDS_PROBE, secrets.token_hex(8))
+    warm = measure(server, text, 1, timeout)
     if not warm.prompt_tokens:
         raise CalibrationError(f"{server.name} reports no usage.prompt_tokens; cannot size prompts")
-    return warm.prompt_tokens / WORDS_PROBE
+    assert warm.ttft is not None
+    sent = len(json.dumps({"messages": [{"role": "user", "content": text}]}).encode())
+    point = Point(warm.prompt_tokens, round(warm.ttft, 4), warm.cached_tokens, sent)
+    return warm.prompt_tokens / WORDS_PROBE, point
 
 
 def decode_rate(server: ServerConfig, timeout: float) -> tuple[float | None, str | None]:
@@ -335,7 +400,7 @@ def maintenance_calibration(server: ServerConfig, store: Store) -> str:
     advice = advise(cal, prompt)
     store.save_calibration(server.name, cal.at, {**cal.to_json(), "advice": advice.to_json()})
     return (
-        f"calibrated: a {prompt:,}-token prompt needs about {advice.prefill_s:.0f} s here; "
+        f"calibrated: {article(f'{prompt:,}')} {prompt:,}-token prompt needs about {advice.prefill_s:.0f} s here; "
         f"clients need a timeout of at least {advice.client_s} s"
     )
 

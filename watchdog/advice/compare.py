@@ -94,7 +94,7 @@ def measure_side(
     tiny = [
         _ttft(measure(server, filler(5, secrets.token_hex(8)), 1, left())) for _ in range(TINY_RUNS)
     ]
-    words = max(1, int(prompt_tokens / tokens_per_word(server, left())))
+    words = max(1, int(prompt_tokens / tokens_per_word(server, left())[0]))
     text = filler(words, secrets.token_hex(8))
     say(f"{server.name}: prefilling about {prompt_tokens} tokens, then the same prompt again ...")
     first = measure(server, text, 1, left())

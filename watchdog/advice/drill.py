@@ -19,6 +19,7 @@ import httpx
 
 from mlx_watchdog.advice.calibrate import WORDS_PROBE, filler, measure
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.judge.advice import article
 from mlx_watchdog.record.left_probes import LeftProbes
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.sense.process import Inspector
@@ -116,7 +117,9 @@ def run_drill(
     per_word = (warm.prompt_tokens or WORDS_PROBE) / WORDS_PROBE
     words = max(1, int(prompt_tokens / per_word))
     text = filler(words, secrets.token_hex(8))
-    say(f"sending a {prompt_tokens}-token prompt and giving up after {give_up_after:g} s")
+    say(
+        f"sending {article(str(prompt_tokens))} {prompt_tokens}-token prompt and giving up after {give_up_after:g} s"
+    )
     _abandon(server, text, give_up_after)
     gave_up = mono()
     settings = replace(server.probe, hard_timeout=max_wait, max_busy=max(max_wait, 1.0))

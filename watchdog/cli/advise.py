@@ -24,6 +24,7 @@ from mlx_watchdog.cli.app import (
 if TYPE_CHECKING:
     from mlx_watchdog.advice.calibrate import Advice, Calibration
     from mlx_watchdog.config import Config, ServerConfig
+    from mlx_watchdog.record.left_probes import LeftProbes
 
 T = TypeVar("T")
 
@@ -93,7 +94,7 @@ def calibrate(
             soft_wrap=True,
         )
         sys.exit(1)
-    cal = _measure(server, sizes_n, quiet=as_json)
+    cal = _measure(server, sizes_n, quiet=as_json, left=left_probes(cfg.watchdog.state_dir))
     prompt = limit or context_length(cmdline)
     assumed = prompt is None
     prompt = prompt or 32 * 1024
@@ -110,13 +111,15 @@ def calibrate(
         _litellm_warnings(litellm_config, cfg, server, advice)
 
 
-def _measure(server: ServerConfig, sizes: list[int], *, quiet: bool) -> Calibration:
+def _measure(
+    server: ServerConfig, sizes: list[int], *, quiet: bool, left: LeftProbes
+) -> Calibration:
     """Run the calibration; nothing is kept when another process serves afterwards."""
     from mlx_watchdog.advice.calibrate import run_calibration
 
     return unmoved(
         [server],
-        lambda say: run_calibration(server, sizes, say=say),
+        lambda say: run_calibration(server, sizes, say=say, left=left),
         quiet=quiet,
         failed=1,
         mixed="not kept, its timings mix two processes; calibrate again once it serves",
@@ -175,7 +178,7 @@ def _print_calibration(
 ) -> None:
     from rich.table import Table
 
-    from mlx_watchdog.judge.advice import tokens_label
+    from mlx_watchdog.judge.advice import article, tokens_label
 
     table = Table(box=None, padding=(0, 1), header_style="dim")
     for column in ("prompt tokens", "first token after", "prefill rate"):
@@ -202,7 +205,7 @@ def _print_calibration(
         else f"the time of a {answer_tokens}-token answer on top, which was not measured"
     )
     out.print(
-        f"A {size}-token prompt{note} needs about {advice.prefill_s:.0f} s of prefill here, "
+        f"{article(size).capitalize()} {size}-token prompt{note} needs about {advice.prefill_s:.0f} s of prefill here, "
         f"and {answer}.",
         soft_wrap=True,
     )

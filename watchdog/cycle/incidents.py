@@ -51,7 +51,8 @@ def advise(c: Cycle, v: Verdict) -> str | None:
     if c.incident is None:
         return None
     calibration = functools.partial(c.store.last_calibration, c.server.name)
-    advice = c.incident.advice(v.evidence.gave_up_after_s, calibration)
+    gone = v.evidence.abandoned_connections or 0
+    advice = c.incident.advice(v.evidence.gave_up_after_s, calibration, gone)
     if advice:
         c.ledger.record(Advised(c.incident.id, advice))
     return advice

@@ -67,12 +67,17 @@ class OpenIncident:
     cause: str = "unknown"  # the cause it was named for (the first named, or the last)
 
     def advice(
-        self, waits: Sequence[float], calibration: Callable[[], dict[str, Any] | None]
+        self,
+        waits: Sequence[float],
+        calibration: Callable[[], dict[str, Any] | None],
+        gone: int = 0,
     ) -> str | None:
         """What to tell people, when more clients gave up than they were told of (and when
-        it opened): the retry loop it opened with, then the timeouts clients need."""
-        if self.told and (not waits or list(waits) == self.advised_waits):
+        it opened): the retry loop it opened with, then the timeouts clients need. `gone`:
+        the clients that left in all (some may have come and gone between two looks)."""
+        told_of = [*waits, gone]
+        if self.told and (not waits or told_of == self.advised_waits):
             return None
-        self.told, self.advised_waits = True, list(waits)
-        told = incident_advice(waits, calibration()) if waits else None
+        self.told, self.advised_waits = True, told_of
+        told = incident_advice(waits, calibration(), gone) if waits else None
         return "; ".join(p for p in (self.loop, told) if p) or None

@@ -21,20 +21,35 @@ def tokens_label(tokens: int) -> str:
     return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
 
+def article(label: str) -> str:
+    """ "a" or "an" before a number as it is said: an 8k-token prompt, an 11,000-token one, a
+    110k-token one."""
+    digits = "".join(ch for ch in label.split("k")[0] if ch.isdigit())
+    lead = digits[: len(digits) % 3 or 3]  # the group said first: 11 of 11,000
+    return "an" if digits.startswith("8") or lead in ("11", "18") else "a"
+
+
 def round_up(seconds: float, step: int) -> int:
     return max(step, int(math.ceil(seconds / step) * step))
 
 
-def incident_advice(waits: Sequence[float], last: dict[str, Any] | None) -> str | None:
+def incident_advice(
+    waits: Sequence[float], last: dict[str, Any] | None, gone: int = 0
+) -> str | None:
     """What to tell people when clients gave up: how long they waited and what they need.
 
-    `last` is the stored document of the server's last calibration (with its "advice").
+    `last` is the stored document of the server's last calibration (with its "advice");
+    `gone`: how many clients left in all, some of them maybe before any look saw them wait.
     """
     if not waits:
         return None
     lo, hi = min(waits), max(waits)
     span = f"{lo:.0f} s" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f} s"
-    who = f"{len(waits)} client{'s' if len(waits) > 1 else ''} gave up after {span} of waiting"
+    n = max(len(waits), gone)
+    who = f"{n} client{'s' if n > 1 else ''} gave up after {span} of waiting"
+    if n > len(waits):  # came and went between two looks: how long they waited is not known
+        unseen = n - len(waits)
+        who = f"{who} ({unseen} of them left before a look saw how long they waited)"
     need = last.get("advice") if last else None
     if not need:
         return (
@@ -42,8 +57,9 @@ def incident_advice(waits: Sequence[float], last: dict[str, Any] | None) -> str 
             f"timeouts well above {hi:.0f} s (`mlx-watchdog calibrate` measures by how much)"
         )
     at_least = max(int(need["client_s"]), round_up(hi * MARGIN, 30))
+    size = tokens_label(int(need["prompt_tokens"]))
     return (
-        f"{who}; a {tokens_label(int(need['prompt_tokens']))}-token prompt needs about {float(need['prefill_s']):.0f} s here "
+        f"{who}; {article(size)} {size}-token prompt needs about {float(need['prefill_s']):.0f} s here "
         f"(last calibration); raise their timeouts to at least {at_least} s"
     )
 
