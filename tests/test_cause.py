@@ -228,6 +228,11 @@ def test_a_spent_budget_says_whether_each_restart_cured_it() -> None:
     assert "a person is needed" not in failed  # said by the note that shows it: once
     none = budget_spent(2, 3600, 0, Cause.DEADLOCK)
     assert none.startswith("2 restarts in the last 3600 s did not bring it back (")
+    # A person's restart counts against the budget, named as what it was.
+    asked = budget_spent(3, 3600, 1, Cause.UNKNOWN, asked=1)
+    assert asked.startswith(
+        "3 restarts in the last 3600 s (1 asked for by a person or a reload): 1 brought it back"
+    )
 
 
 # -- the checker against a server that hangs, each sign from a stand-in ------------------------

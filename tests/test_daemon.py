@@ -630,3 +630,37 @@ def test_a_reload_applies_the_alert_channels_and_names_what_needs_a_restart(
     assert said == [
         "watchdog.listen_port changed (0 -> 1): it takes effect when the watchdog restarts"
     ]
+
+
+def test_an_incident_the_watchdogs_own_start_ends_is_not_said_to_end_by_itself(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """A watchdog stopped with an incident open (its `process` server stopped with it) starts
+    the server again; the incident ends then, by the watchdog's start, not "by itself"."""
+    from mlx_watchdog.daemon import Daemon
+    from mlx_watchdog.record.store import Store
+
+    port = free_port()
+    state = tmp_path / "state"
+    raw = {
+        "watchdog": {"interval": "200ms", "listen": "off", "state_dir": str(state)},
+        "server": [
+            {
+                "name": "p",
+                "url": f"http://127.0.0.1:{port}",
+                "manager": "process",
+                "match": "badserver",
+                "command": badserver_argv(port, "ok"),
+            }
+        ],
+    }
+    state.mkdir()
+    store = Store(state / "history.db")
+    store.open_incident("p", time.time() - 60, "wedged", "no token", {}, began_at=time.time() - 60)
+    store.close()
+    t = run_daemon(Daemon(parse_config(raw)))
+    cycles = t.daemon.cycles
+    until(lambda: "p" in cycles and cycles["p"].incident is None, 30, "the server to serve")
+    t.stop()
+    (incident,) = Store(state / "history.db").incidents(0.0)
+    assert incident.outcome == "started by the watchdog"

@@ -107,6 +107,14 @@ def test_a_restart_counted_as_it_begins_and_its_cost_as_it_ends() -> None:
     (restart,) = store.restarts("s", 0.0)
     assert (restart.outcome, restart.finished_at) == ("recovered", NOW + 4)
     assert store.restart_costs("s", 10) == [4.0]
+    assert not ledger.tally.restarts_asked  # the watchdog's own
+    ledger.record(RestartBegun(NOW + 60, 110.0, "manual"))  # a person's: named as such
+    assert list(ledger.tally.restarts_asked) == [NOW + 60]
+    store.flush(5.0)
+    from mlx_watchdog.record.tally import Tally
+
+    loaded = Tally.load(store, watched("http://127.0.0.1:1", name="s"), NOW + 120)
+    assert list(loaded.restarts_asked) == [NOW + 60]
 
 
 def test_a_hold_and_its_release() -> None:

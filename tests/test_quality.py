@@ -239,7 +239,15 @@ def test_other_threads_read_a_cycle_only_through_its_published_view() -> None:
     assert not found, found
 
 
-READS = {"restart_cost", "restarts", "cured", "restarts_served", "last_restart", "figures"}
+READS = {
+    "restart_cost",
+    "restarts",
+    "cured",
+    "restarts_served",
+    "restarts_asked",
+    "last_restart",
+    "figures",
+}
 MODULE_LINES = 700  # a module longer than this has a seam to split at; functions: ruff's limits
 
 

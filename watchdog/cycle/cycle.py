@@ -257,13 +257,13 @@ class Cycle:
             log.info("%s %s", self.server.name, v.reason)
         if v.state in (State.HEALTHY, State.SLOW):
             # Recovered only on a token: "slow" also means no token yet, before wedge_after.
+            # A server this watchdog started (at its own start) did not recover by itself.
+            how = "recovered by itself" if self.started_mono is None else "started by the watchdog"
             if v.evidence.tokens > 0 and self.started_mono is not None:
                 self.ledger.record(FirstToken(round(self.mono() - self.started_mono, 1)))
                 self.started_mono = None
             if v.evidence.tokens > 0 and not self.least.held_down(v, now):
-                incidents.recovered(
-                    self, self.least.first_served or now, recover_s=None, how="recovered by itself"
-                )
+                incidents.recovered(self, self.least.first_served or now, recover_s=None, how=how)
             return
         exited = self._exited(v)
         self.streak, trigger = triggers.step(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from mlx_watchdog.cycle.crew import Crew
-from mlx_watchdog.judge.budget import LastRestart
+from mlx_watchdog.judge.budget import ASKED, LastRestart
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Event
@@ -246,6 +246,8 @@ class Ledger:
                 store.add_dump(name, ref, at, doc)
             case RestartBegun(at, mono, trigger):
                 tally.restarts_here.append(mono)
+                if trigger in ASKED:
+                    tally.restarts_asked.append(at)
                 tally.last_restart = LastRestart(at, trigger)
                 return store.start_restart(name, at, trigger)
             case RestartEnded(row, began, trigger, at, result, served_s):

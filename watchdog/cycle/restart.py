@@ -120,7 +120,10 @@ def budget_allows(c: Cycle, now: float) -> bool:
         v = c.verdict
         cause = Cause(v.evidence.cause or Cause.UNKNOWN) if v else Cause.UNKNOWN
         refill = min((t for t in restarts if t > since), default=now) + settings.window - now
-        said = budget_spent(allowance.used, settings.window, cured, cause, max(0.0, refill))
+        asked = sum(1 for at in c.tally.restarts_asked if at >= since)
+        said = budget_spent(
+            allowance.used, settings.window, cured, cause, max(0.0, refill), asked=asked
+        )
         c.needs_person = said
         c.ledger.record(Held(now, said))
         c.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))

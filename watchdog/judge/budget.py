@@ -47,6 +47,10 @@ def allowance(settings: RestartSettings, restarts: Sequence[float], now: float) 
     return Allowance(True, False, None, used, left)
 
 
+# The restarts a person, the maintenance window or a reload asked for: they count against the
+# budget, but they are not the watchdog's cures that failed.
+ASKED = ("manual", "maintenance", "reload")
+
 RECENT_RESTART = 10.0  # a person's restart this soon after one that worked is a repeat
 
 

@@ -334,10 +334,16 @@ NEXT_STEP[Cause.CLIENT_TIMEOUTS] = NEXT_STEP[Cause.ABANDONED_PREFILL]
 
 
 def budget_spent(
-    used: int, window: float, cured: int, cause: Cause, refill_in: float | None = None
+    used: int,
+    window: float,
+    cured: int,
+    cause: Cause,
+    refill_in: float | None = None,
+    asked: int = 0,
 ) -> str:
     """What a spent budget means, in words, counted honestly: restarts that each cured a
-    wedge that came back are not restarts that failed, and when one is allowed again."""
+    wedge that came back are not restarts that failed, those a person or a reload asked for
+    are named as such, and when one is allowed again."""
     again = (
         "" if refill_in is None else f"; the next is allowed in {_span(refill_in)} at the latest"
     )
@@ -347,13 +353,14 @@ def budget_spent(
             f"there: {WORDS[cause]}; next: {NEXT_STEP[cause]}. Restarts wait until it serves "
             f"again or a person restarts it{again}"
         )
+    whose = f" ({asked} asked for by a person or a reload)" if asked else ""
     if cured:
         counted = (
-            f"{used} restarts in the last {window:g} s: {cured} brought it back for a while, "
-            f"{used - cured} did not"
+            f"{used} restarts in the last {window:g} s{whose}: {cured} brought it back for a "
+            f"while, {used - cured} did not"
         )
     else:
-        counted = f"{used} restarts in the last {window:g} s did not bring it back"
+        counted = f"{used} restarts in the last {window:g} s{whose} did not bring it back"
     return (
         f"{counted} ({WORDS[cause]}); next: {NEXT_STEP[cause]} (still probing; a healthy "
         f"probe ends the hold{again})"

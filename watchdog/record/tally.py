@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.advice import Abandoned
-from mlx_watchdog.judge.budget import LastRestart
+from mlx_watchdog.judge.budget import ASKED, LastRestart
 from mlx_watchdog.judge.clearing import COSTS_KEPT, RestartCost, restart_cost
 from mlx_watchdog.judge.states import EventKind
 from mlx_watchdog.record.document import ShownIncident
@@ -74,6 +74,7 @@ class Tally:
     # incidents that ended served, with their cause; restarts that brought the server back.
     cured: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=100))
     restarts_served: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    restarts_asked: deque[float] = field(default_factory=lambda: deque(maxlen=100))  # ASKED's
 
     @classmethod
     def load(cls, store: Store, server: ServerConfig, now: float) -> Tally:
@@ -108,6 +109,7 @@ class Tally:
                 maxlen=100,
             ),
             restarts_served=deque((r.at for r in restarts if r.outcome == "recovered"), maxlen=100),
+            restarts_asked=deque((r.at for r in restarts if r.trigger in ASKED), maxlen=100),
         )
 
     def restart_cost(self) -> RestartCost:
