@@ -20,7 +20,10 @@ from tests.conftest import Running, free_port, until
 def all_commands(
     group: click.Group, prefix: tuple[str, ...] = ()
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the lazy group imports each command's module
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         yield (*prefix, name), command
         if isinstance(command, click.Group):
             yield from all_commands(command, (*prefix, name))
