@@ -173,6 +173,20 @@ def test_probe_down_json() -> None:
         assert key in doc["evidence"]
 
 
+def test_tables_into_a_pipe_end_no_line_in_spaces() -> None:
+    """A table's cells are padded to their column; piped, no line keeps the padding."""
+    import time
+
+    from tests.builders import a_history
+
+    state = Path(os.environ["XDG_STATE_HOME"]) / "mlx-watchdog"
+    a_history(state / "history.db", "mlx-8080", time.time())
+    result = CliRunner().invoke(cli, ["history", "--last", "3"])
+    lines = result.output.splitlines()
+    assert len(lines) >= 4 and "outcome" in lines[0], result.output
+    assert not [line for line in lines if line.endswith(" ")], result.output
+
+
 def test_status_without_a_daemon_says_so_and_exits_3() -> None:
     result = CliRunner().invoke(cli, ["status"])
     assert result.exit_code == 3

@@ -40,11 +40,48 @@ class _LazyConsole:
             # keep theirs): whatever reads them gets them whole. COLUMNS still rules.
             piped = not stream.isatty() and not os.environ.get("COLUMNS")
             width = {"width": PIPE_WIDTH} if piped else {}
-            self._console = safe_console(stderr=self._stderr, highlight=False, **width)
+            # A table's cells are padded to their column: into a pipe, no line ends in spaces.
+            trimmed = {"file": _Trimmed(self._stderr)} if not stream.isatty() else {}
+            self._console = safe_console(stderr=self._stderr, highlight=False, **width, **trimmed)
         return self._console
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.get(), name)
+
+
+class _Trimmed:
+    """The command's stdout or stderr (whichever it is at each write), each line written
+    without its trailing spaces."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._pending = ""
+
+    @property
+    def _stream(self) -> Any:
+        return sys.stderr if self._stderr else sys.stdout
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            self._stream.write("".join(line.rstrip(" ") + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(self._pending)
+            self._pending = ""
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return int(self._stream.fileno())
 
 
 def safe_console(**options: Any) -> Console:
