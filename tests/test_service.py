@@ -151,6 +151,7 @@ def test_units_pass_systemd_analyze_verify(
         )
         assert entry == {"unit": service.server_unit("qwen")}
     else:
+        env["XDG_STATE_HOME"] = str(tmp_path / "my state")  # the user's own: kept for the job
         plan = tgt.watchdog_plan(
             service.WatchdogJob(home / "my config.toml", home, env, sys.executable)
         )
@@ -168,6 +169,10 @@ def test_units_pass_systemd_analyze_verify(
         ]
     else:
         assert "WantedBy=default.target" in text and "User=" not in text
+    if which == "watchdog":
+        assert f'Environment="XDG_STATE_HOME={tmp_path}/my state"' in text, text
+    else:
+        assert "XDG_STATE_HOME" not in text
     verify = subprocess.run(
         ["systemd-analyze", "verify", "--recursive-errors=no", str(unit)],
         capture_output=True,

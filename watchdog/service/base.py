@@ -27,6 +27,10 @@ ServiceKind = Literal["launchd", "systemd"]
 WATCHDOG_LABEL = "io.github.mlx-watchdog"
 WATCHDOG_UNIT = "mlx-watchdog.service"
 SERVER_ENV = ("HF_HOME", "HF_HUB_CACHE")  # where the server finds its models
+# Where the installing user's watchdog keeps its state, when they moved it: a job of their own
+# must keep it there too (`status` run from their shell reads that folder). A --system job runs
+# as another user, with that user's defaults.
+WATCHDOG_ENV = ("XDG_STATE_HOME",)
 # The watchdog's own bounded stop: a restart in progress, then its interrupted command, then
 # each managed server's stop_grace (its default), and a margin. The service manager waits longer.
 STOP_BOUND = int(STOP_TIMEOUT + INTERRUPT_TIMEOUT + RestartSettings().stop_grace + 10)

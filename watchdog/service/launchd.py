@@ -18,6 +18,7 @@ from mlx_watchdog.act.managers.launchd import IN_PROGRESS, NOT_LOADED, domain_ex
 from mlx_watchdog.service.base import (
     SERVER_ENV,
     STOP_BOUND,
+    WATCHDOG_ENV,
     WATCHDOG_LABEL,
     InstallPlan,
     ServiceError,
@@ -153,7 +154,7 @@ class Launchd:
             label=WATCHDOG_LABEL,
             python=job.python,
             log=self._logs(home) / "watchdog.log",
-            env=service_env(job.env, home),
+            env=service_env(job.env, home, () if self.system_wide else WATCHDOG_ENV),
             home=home,
             user=user,
             exit_timeout=STOP_BOUND,

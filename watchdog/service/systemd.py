@@ -15,6 +15,7 @@ from mlx_watchdog.act.managers import System
 from mlx_watchdog.service.base import (
     SERVER_ENV,
     STOP_BOUND,
+    WATCHDOG_ENV,
     WATCHDOG_UNIT,
     InstallPlan,
     ServiceError,
@@ -158,7 +159,7 @@ class Systemd:
         content = self._render(
             "mlx-watchdog",
             python=job.python,
-            env=service_env(job.env, home),
+            env=service_env(job.env, home, () if self.system_wide else WATCHDOG_ENV),
             user=user,
             values={"@CONFIG@": str(job.config)},
             writable=(home, *job.writable),
