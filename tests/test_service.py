@@ -502,3 +502,18 @@ def test_server_install_and_uninstall_say_what_they_would_do_as_json(
     gone = mlx_watchdog("server", "uninstall", "mlx-8089", "--target", "systemd", "--json")
     assert gone.returncode == 0, gone.stderr
     assert json.loads(gone.stdout)["action"] == "remove"
+
+
+def test_uninstall_dry_run_with_nothing_installed_says_so(
+    home: Path, fake_services: FakeServices
+) -> None:
+    shown = mlx_watchdog("uninstall", "--target", "systemd", "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("# nothing is installed: no "), shown.stdout
+    doc = json.loads(mlx_watchdog("uninstall", "--target", "systemd", "--dry-run", "--json").stdout)
+    assert doc["installed"] is False and doc["action"] == "remove"
+    assert fake_services.calls() == []
+    installed = mlx_watchdog("install", "--target", "systemd")
+    assert installed.returncode == 0, installed.stderr
+    again = mlx_watchdog("uninstall", "--target", "systemd", "--dry-run")
+    assert again.stdout.startswith("# would remove "), again.stdout

@@ -290,8 +290,15 @@ def _carry_out(plan: Any, dry_run: bool, as_json: bool = False) -> dict[str, Any
     }
     if dry_run:
         doc["content"] = None if plan.content is None else plan.content.decode()
+        if plan.content is None:
+            doc["installed"] = plan.path.exists()
         if not as_json:
-            if plan.content is None:
+            if plan.content is None and not plan.path.exists():
+                click.echo(
+                    f"# nothing is installed: no {plan.path}; the steps below would only make "
+                    "sure no such job is loaded"
+                )
+            elif plan.content is None:
                 click.echo(f"# would remove {plan.path}")
             else:
                 click.echo(f"# would write {plan.path} (mode 0644):")
