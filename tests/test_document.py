@@ -63,6 +63,7 @@ WIRE_KEYS = [
     "clearing",
     "restart_cost_s",
     "restart_cost_measured",
+    "budget_refill_s",
 ]
 
 

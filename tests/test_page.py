@@ -563,3 +563,21 @@ def test_each_state_has_its_own_colour_and_the_dashboard_the_same() -> None:
 
     walk(json.loads(dashboard()))
     assert mapped == COLOURS
+
+
+def test_incidents_say_a_reason_once_the_advice_its_incident_and_a_spent_budget_its_refill() -> (
+    None
+):
+    store = Store(None)
+    a_day(store, "srv-wedged", NOW)
+    for k in (1, 2):  # two newer incidents with one reason, the newest with no advice
+        ref = store.open_incident("srv-wedged", NOW - 600 * k, "wedged", "the same reason", {})
+        store.close_incident(ref, NOW - 600 * k + 30, "restarted", 5.0)
+    days = Days(store, lambda: STEP, lambda: NOW, time.monotonic).of(["srv-wedged"])
+    doc = changed(status_doc(NOW, ("wedged",)), 0, budget_left=0, budget_refill_s=1500.0)
+    html = render(doc, days, NOW, 10)
+    table = html.split("Recent incidents")[1]
+    assert table.count("the same reason") == 1 and ">as #2<" in table
+    advised = re.search(r"Advice from incident #(\d+) \(([^)]*)\)", html)
+    assert advised is not None and advised.group(1) == "1" and advised.group(2) == "10.0 h ago"
+    assert "<dd>0: spent, one more in 25 min</dd>" in html

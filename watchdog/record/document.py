@@ -89,6 +89,7 @@ class ServerStatus:
     clearing: Waiting | None = None
     restart_cost_s: float | None = None  # to the first token: measured, or the default
     restart_cost_measured: int = 0
+    budget_refill_s: float | None = None  # when the oldest restart in the window stops counting
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

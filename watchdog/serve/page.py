@@ -215,7 +215,7 @@ def _numbers(s: ServerStatus, now: float, day: Day) -> str:
         ("last token", "never" if last is None else _ago(now - last)),
         ("TTFT p50 / p95 (1 h)", ttft),
         ("restarts (24 h)", str(s.restarts_24h)),
-        ("restart budget left", str(s.budget_left)),
+        ("restart budget left", _budget(s)),
         ("incidents (24 h)", str(s.incidents_24h)),
         ("clients that gave up (24 h)", str(s.gave_up_24h)),
         ("in the state since", "-" if since is None else _ago(now - since)),
@@ -229,6 +229,13 @@ def _numbers(s: ServerStatus, now: float, day: Day) -> str:
     ]
     cells = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in items)
     return f'<dl class="numbers">{cells}</dl>'
+
+
+def _budget(s: ServerStatus) -> str:
+    if s.budget_refill_s is None:
+        return str(s.budget_left)
+    back = f"one more in {_ago(s.budget_refill_s).removesuffix(' ago')}"
+    return f"0: spent, {back}" if s.budget_left == 0 else f"{s.budget_left} ({back})"
 
 
 def _x(at: float, day: Day) -> float:
@@ -349,7 +356,9 @@ def _hourly(day: Day) -> str:
 def _incidents(day: Day, now: float) -> str:
     if not day.incidents:
         return '<h3>Recent incidents</h3><p class="note">None in the last 24 hours.</p>'
-    rows = []
+    # Each reason in full once: a row with the same one as a newer row points to that row.
+    rows: list[str] = []
+    said: dict[str, int] = {}
     for i in day.incidents:
         acts = [
             f"{a.get('action', '?')}: {a.get('outcome', '?')}"
@@ -359,21 +368,23 @@ def _incidents(day: Day, now: float) -> str:
         more = len(acts) - ACTIONS_SHOWN
         done = ", ".join(acts[:ACTIONS_SHOWN]) + (f" and {more} more" if more > 0 else "")
         outage = "ongoing" if i.closed_at is None else f"{i.outage_s or 0:.0f} s"
-        reason = _cut(i.reason)
+        reason = _cut(i.reason) if i.reason not in said else f"as #{said[i.reason]}"
+        said.setdefault(i.reason, i.id)
         rows.append(
             f'<tr class="incident"><td>{i.id}</td><td>{_clock(i.began_at)} ({_ago(now - i.began_at)})</td>'
             f"<td>{escape(i.state)}</td><td>{outage}</td>"
             f'<td class="reason">{escape(reason)}</td><td>{escape(done or "-")}</td>'
             f"<td>{escape(i.outcome or '-')}</td></tr>"
         )
-    advice = next((_cut(i.advice) for i in day.incidents if i.advice), None)
+    advised = next((i for i in day.incidents if i.advice), None)
     return (
         '<h3>Recent incidents</h3><div class="wide"><table><thead><tr><th>#</th><th>began</th>'
         "<th>state</th><th>outage</th><th>reason</th><th>what was done</th><th>outcome</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></div>"
         + (
-            f'<p class="advice">Advice from the last incident: {escape(advice)}</p>'
-            if advice
+            f'<p class="advice">Advice from incident #{advised.id} '
+            f"({_ago(now - advised.began_at)}): {escape(_cut(advised.advice or ''))}</p>"
+            if advised
             else ""
         )
     )

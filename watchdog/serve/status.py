@@ -39,6 +39,8 @@ def describe(
     clearing: Waiting | None = None,
 ) -> ServerStatus:
     budget = allowance(server.restart, figures.restarts, now)
+    window = server.restart.window
+    oldest = min((t for t in figures.restarts if now - window < t <= now), default=None)
     serving = state in SERVING_STATES and not draining and not restarting
     e = evidence or Evidence()
     return ServerStatus(
@@ -83,6 +85,7 @@ def describe(
         clearing=clearing,
         restart_cost_s=figures.restart_cost_s,
         restart_cost_measured=figures.restart_cost_measured,
+        budget_refill_s=None if oldest is None else round(oldest + window - now, 1),
     )
 
 
