@@ -483,8 +483,14 @@ def test_the_page_shows_where_the_server_is_and_what_to_do_when_held() -> None:
     )
     s = doc.servers[0]
     html = render(doc, days, NOW, 10)
-    for shown in (s.url, "4242", "3072 MiB", "200, empty body", s.manager):
+    for shown in ("4242", "3072 MiB", "200, empty body", s.manager):
         assert f"<dd>{shown}</dd>" in html, shown
+    assert s.url == "http://127.0.0.1:1/wedged"  # wraps between its parts, never in them
+    assert (
+        '<dd><span class="nb">http://</span><wbr><span class="nb">127.</span><wbr>'
+        '<span class="nb">0.</span><wbr><span class="nb">0.</span><wbr>'
+        '<span class="nb">1:1</span><wbr><span class="nb">/wedged</span></dd>'
+    ) in html
     assert "last 24 hours" in html  # a day of history: a day's span
     assert "Next: once the cause is dealt with" in html
     assert "mlx-watchdog restart srv-wedged" in html

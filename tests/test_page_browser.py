@@ -28,7 +28,7 @@ from mlx_watchdog.serve.endpoint import start
 from mlx_watchdog.serve.page import COLOURS
 from tests.builders import command_server, watchdog_config
 from tests.conftest import BadByPidfile, DaemonThread, Running, until
-from tests.pageday import NOW, PageBackend, a_day, status_doc
+from tests.pageday import NOW, PageBackend, a_day, changed, status_doc
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -240,3 +240,44 @@ def test_a_real_run_shows_a_wedge_healed_beside_the_healthy_server(
     assert v.console == []
     assert all(r.startswith(f"http://{host}:{port}/") for r in v.requests)
     shot(v, "status-page.png", tmp_path)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_at_a_desks_and_a_phones_width_nothing_overflows_and_the_address_stays_whole(
+    visit: Callable[..., Visit], width: int, tmp_path: Path
+) -> None:
+    """At 1280 px (a laptop) and 390 px (a phone): no sideways scrolling, every state's badge
+    in its own colour, and a long address wraps between its parts, never inside host:port."""
+    store = Store(None)
+    for state in SHOWN_STATES:
+        a_day(store, f"srv-{state}", NOW)
+    doc = changed(status_doc(NOW), 0, url="http://inference-box-01.lab.example.com:8080/mlx")
+    server, _ = start(PageBackend(store, doc), "127.0.0.1", 0, "t" * 20)
+    try:
+        v = visit(f"http://127.0.0.1:{server.server_address[1]}/", width=width)
+        scroll, client = v.page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert scroll <= client
+        address = v.page.locator("div.addr dd").first
+        assert address.inner_text() == "http://inference-box-01.lab.example.com:8080/mlx"
+        dd = address.bounding_box()
+        assert dd is not None
+        for part in address.locator("span.nb").all():  # each whole on one line, inside
+            box = part.bounding_box()
+            assert part.evaluate("e => e.getClientRects().length") == 1, part.inner_text()
+            assert box is not None and box["x"] + box["width"] <= dd["x"] + dd["width"] + 1
+        port = address.locator("span.nb", has_text=":8080")
+        assert port.inner_text() == "com:8080"  # the port never parted from its host
+        colours = {
+            v.page.locator(f"#server-srv-{s} .badge").evaluate(
+                "e => getComputedStyle(e).backgroundColor"
+            )
+            for s in SHOWN_STATES
+        }
+        assert len(colours) == len(SHOWN_STATES)
+        assert v.console == []
+        shot(v, f"status-page-{width}.png", tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -37,6 +37,7 @@ section.server{border:1px solid var(--line);border-left-width:.5rem;border-radiu
 .alert{border:1px solid #c62828;border-radius:.3rem;padding:.3rem .6rem;margin:.4rem 0}
 dl.numbers{display:grid;grid-template-columns:repeat(auto-fill,minmax(8rem,1fr));gap:.3rem 1rem;margin:.6rem 0}
 dl.numbers div{min-width:0}dt{color:var(--muted);font-size:.8rem}dd{margin:0;font-weight:600;overflow-wrap:anywhere}
+dl.numbers div.addr{grid-column:1/-1}.addr dd{overflow-wrap:normal}.nb{white-space:nowrap}
 figure{margin:.6rem 0}svg{display:block;width:100%;height:auto;overflow:visible}
 svg text{fill:var(--muted);font-size:10px}svg line{stroke:var(--line)}
 table{border-collapse:collapse;width:100%;font-size:.9rem}th,td{text-align:left;padding:.2rem .4rem;border-bottom:1px solid var(--line);vertical-align:top}
@@ -221,14 +222,27 @@ def _numbers(s: ServerStatus, now: float, day: Day) -> str:
         ("in the state since", "-" if since is None else _ago(now - since)),
         ("serving (24 h)", _served(day)),
         ("serving (30 d)", _share(*day.month)),
-        ("address", s.url or "-"),
         ("manager", s.manager or "-"),
         ("PID", "-" if s.pid is None else str(s.pid)),
         ("memory", "-" if s.rss_bytes is None else f"{s.rss_bytes / 2**20:.0f} MiB"),
         ("/v1/models", MODELS_WORDS.get(s.models_finding or "", s.models_finding or "-")),
     ]
     cells = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in items)
-    return f'<dl class="numbers">{cells}</dl>'
+    address = f'<div class="addr"><dt>address</dt><dd>{_address(s.url)}</dd></div>'
+    return f'<dl class="numbers">{cells}{address}</dl>'
+
+
+def _address(url: str) -> str:
+    """A URL that wraps only after its scheme, between its host's labels and before its
+    path: never inside a label, and never between the host and its port."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return escape(url or "-")
+    host, slash, path = rest.partition("/")
+    labels = host.split(".")
+    parts = [f"{scheme}://", *(f"{label}." for label in labels[:-1]), labels[-1]]
+    parts += [f"{slash}{path}"] if slash else []
+    return "<wbr>".join(f'<span class="nb">{escape(p)}</span>' for p in parts)
 
 
 def _budget(s: ServerStatus) -> str:
