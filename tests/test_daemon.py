@@ -664,3 +664,46 @@ def test_an_incident_the_watchdogs_own_start_ends_is_not_said_to_end_by_itself(
     t.stop()
     (incident,) = Store(state / "history.db").incidents(0.0)
     assert incident.outcome == "started by the watchdog"
+
+
+def test_a_command_that_cannot_run_is_said_once_and_spends_no_restart(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """A `process` server whose program is on no PATH: every restart would fail. The watchdog
+    says so once, naming the key, and spends none of the budget on it."""
+    from mlx_watchdog.daemon import Daemon
+
+    port = free_port()
+    raw = {
+        "watchdog": {"interval": "200ms", "listen": "off", "state_dir": str(tmp_path / "s")},
+        "server": [
+            {
+                "name": "p",
+                "url": f"http://127.0.0.1:{port}",
+                "manager": "process",
+                "command": ["no-such-server-program", "--port", str(port)],
+                "probe": {"startup_grace": "1s"},
+            }
+        ],
+    }
+    t = run_daemon(Daemon(parse_config(raw)))
+    cycles = t.daemon.cycles
+
+    def refused() -> list[str]:
+        if "p" not in cycles:
+            return []
+        return [e.message for e in t.daemon.store.events("p", since=0.0) if e.kind == "refused"]
+
+    until(refused, 30, "the refusal")
+    said_at = time.time()
+
+    def judged_later() -> bool:  # five more ticks' verdicts, each a chance to say it again
+        at = cycles["p"].shown.judged_at
+        return at is not None and at > said_at + 1.0
+
+    until(judged_later, 30, "more verdicts")
+    t.daemon.store.flush(5.0)
+    (said,) = refused()
+    assert 'command[0] = "no-such-server-program" is not on the PATH' in said, said
+    assert t.daemon.store.restarts("p", 0.0) == []
+    t.stop()

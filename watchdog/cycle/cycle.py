@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from mlx_watchdog.act.check import judged
 from mlx_watchdog.act.managers import Manager, NoManager
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.config.programs import server_unrunnable
 from mlx_watchdog.cycle import incidents
 from mlx_watchdog.cycle.asks import Asks
 from mlx_watchdog.cycle.crew import Crew
@@ -407,6 +409,13 @@ class Cycle:
         if isinstance(self.manager, NoManager):
             if manual:
                 self.emit(EventKind.REFUSED, 'not restarting: manager = "none" observes only')
+            return False
+        # A program that cannot run makes every restart fail: said once, the budget kept.
+        env = {**os.environ, **self.server.env}
+        if cannot := server_unrunnable(self.server, env, restart_only=True):
+            if manual or not self.refused_said:
+                self.refused_said = True
+                self.emit(EventKind.REFUSED, f"not restarting: {cannot[0]}; fix it and reload")
             return False
         if not manual and not budget_allows(self, self.wall()):
             return False
