@@ -64,6 +64,8 @@ WIRE_KEYS = [
     "restart_cost_s",
     "restart_cost_measured",
     "budget_refill_s",
+    "restart_backoff_s",
+    "cannot_run",
 ]
 
 
@@ -228,3 +230,30 @@ def test_status_fits_80_columns_with_a_20_character_name() -> None:
         gone = not shown.watchdog.running  # from the history: the PID has exited since
         assert ("gone" if gone else "123.0G") in table[1], table
         assert "traffic" in table[0] and "RSS" in table[0]
+
+
+def test_a_server_nothing_can_restart_and_one_backing_off_say_so() -> None:
+    """A down `process` server whose program is on no PATH: the document names it and the
+    notes say no restart helps; a failing server in the budget's pause says when the next
+    restart may come."""
+    from mlx_watchdog.config import ServerConfig
+    from mlx_watchdog.record.tally import Figures
+    from mlx_watchdog.serve.notes import notes
+    from mlx_watchdog.serve.status import describe
+
+    gone = ServerConfig("p", "http://127.0.0.1:1", manager="process", command=("no-such-prog",))
+    doc = describe(
+        gone, NOW, Figures(), state="down", reason="nothing listens", at=NOW, evidence=None
+    )
+    assert doc.cannot_run is not None and 'command[0] = "no-such-prog"' in doc.cannot_run
+    said = {n.label: n for n in notes(doc)}
+    assert "no restart can bring it back" in said["Cannot be restarted"].text
+    serving = describe(gone, NOW, Figures(), state="healthy", reason="ok", at=NOW, evidence=None)
+    assert serving.cannot_run is None  # looked for only while it fails
+
+    watched = ServerConfig("w", "http://127.0.0.1:1", manager="process", command=("python3",))
+    restarted = Figures(restarts=(NOW - 10,))  # the first pause after one: 30 s by default
+    paused = describe(watched, NOW, restarted, state="wedged", reason="r", at=NOW, evidence=None)
+    assert paused.restart_backoff_s is not None and 0 < paused.restart_backoff_s <= 30
+    backing = {n.label: n for n in notes(paused)}["Backing off"]
+    assert backing.text.startswith(f"the next restart in {paused.restart_backoff_s:.0f} s")

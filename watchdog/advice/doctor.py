@@ -329,7 +329,8 @@ def litellm_findings(path: Path, config: Config, advice: dict[str, Advice]) -> I
     except LiteLLMConfigError as exc:
         yield Finding("problem", "litellm", str(exc), "fix the file, then run doctor again")
         return
-    yield Finding("ok", "litellm", f"{path}: {len(cfg.deployments)} deployments")
+    n = len(cfg.deployments)
+    yield Finding("ok", "litellm", f"{path}: {n} deployment{'s' if n != 1 else ''}")
     for d in cfg.deployments:
         server = _served_by(d.api_base, config)
         if server is None:

@@ -216,7 +216,7 @@ def server_install(
     url = f"http://127.0.0.1:{port}"
     user = _job_user(system_wide)
     path = _config_path(config_path, user)
-    problem = missing_server_extra()
+    problem = missing_server_extra("the service runs")
     if problem is not None:
         if not dry_run:
             raise click.ClickException(problem)

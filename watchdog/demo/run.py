@@ -44,14 +44,15 @@ _WORDS = (
 )
 
 
-def missing_server_extra() -> str | None:
-    """What to install for the demo to run, or None when everything is there."""
+def missing_server_extra(needs: str = "the demo runs") -> str | None:
+    """What to install for `needs` (what runs the real server) to work, or None when
+    everything is there."""
     for module in ("mlx.core", "mlx_lm", "tokenizers"):
         try:
             importlib.import_module(module)
         except ImportError as exc:
             return (
-                f"the demo runs the real mlx_lm.server, and {module} cannot be imported ({exc}); "
+                f"{needs} the real mlx_lm.server, and {module} cannot be imported ({exc}); "
                 f"install the server extra into this environment: {SERVER_EXTRA}"
             )
     return None

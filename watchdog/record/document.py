@@ -90,6 +90,8 @@ class ServerStatus:
     restart_cost_s: float | None = None  # to the first token: measured, or the default
     restart_cost_measured: int = 0
     budget_refill_s: float | None = None  # when the oldest restart in the window stops counting
+    restart_backoff_s: float | None = None  # the budget's backoff: no restart before this
+    cannot_run: str | None = None  # the program a restart runs cannot run: nothing will help
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

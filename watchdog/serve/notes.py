@@ -43,6 +43,18 @@ def _notes(s: ServerStatus, *, live: bool) -> list[Note]:
         found.append(Note(ALERT, "A person is needed", s.needs_person, after_hold(s.name)))
     if s.manager == "none" and s.state in BAD_STATES:
         found.append(Note(ALERT, "Nobody restarts it", nobody_restarts(s.name)))
+    if s.cannot_run and s.manager != "none":
+        found.append(
+            Note(
+                ALERT,
+                "Cannot be restarted",
+                f"{s.cannot_run}: no restart can bring it back",
+                "fix it, then `mlx-watchdog config check` and reload the watchdog (SIGHUP)",
+            )
+        )
+    elif s.restart_backoff_s is not None and s.state in BAD_STATES and not s.needs_person:
+        said = f"the next restart in {s.restart_backoff_s:.0f} s at the earliest"
+        found.append(Note(NOTE, "Backing off", f"{said} (the budget's pause between restarts)"))
     if s.restarting:
         found.append(Note(ALERT, "Restarting now", "/healthz answers 503 until it serves again"))
     if s.draining:

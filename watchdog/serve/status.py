@@ -7,12 +7,20 @@ database, so both print alike.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.config.programs import server_unrunnable
 from mlx_watchdog.judge.budget import allowance
 from mlx_watchdog.judge.evidence import Evidence
-from mlx_watchdog.judge.states import EXIT_CODES, SERVING_STATES, UNKNOWN, UNKNOWN_EXIT
+from mlx_watchdog.judge.states import (
+    BAD_STATES,
+    EXIT_CODES,
+    SERVING_STATES,
+    UNKNOWN,
+    UNKNOWN_EXIT,
+)
 from mlx_watchdog.record.document import ServerStatus, ShownIncident, Waiting
 from mlx_watchdog.record.store import Ref, Store, row_id
 from mlx_watchdog.record.tally import DAY, Figures, Tally
@@ -86,7 +94,17 @@ def describe(
         restart_cost_s=figures.restart_cost_s,
         restart_cost_measured=figures.restart_cost_measured,
         budget_refill_s=None if oldest is None else round(oldest + window - now, 1),
+        restart_backoff_s=None
+        if budget.not_before is None or budget.not_before <= now
+        else round(budget.not_before - now, 1),
+        cannot_run=_cannot_run(server) if state in BAD_STATES else None,
     )
+
+
+def _cannot_run(server: ServerConfig) -> str | None:
+    """Why the program a restart of `server` runs cannot run (read only while it fails)."""
+    found = server_unrunnable(server, {**os.environ, **server.env}, restart_only=True)
+    return found[0] if found else None
 
 
 def of_shown(shown: Shown, now: float, mono: float, interval: float) -> ServerStatus:
