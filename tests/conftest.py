@@ -727,6 +727,7 @@ SLOW_FIXTURES = {
     "fake_services",
     "bad_server",
     "module_bad_server",
+    "two_servers",  # test_balancer.py: two servers, a daemon and HAProxy
 }
 SLOW_FILES = {"test_quality.py", "test_page_browser.py", "test_demo.py", "test_prometheus.py"}
 

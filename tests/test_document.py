@@ -66,6 +66,7 @@ WIRE_KEYS = [
     "budget_refill_s",
     "restart_backoff_s",
     "cannot_run",
+    "held_behind",
 ]
 
 

@@ -22,6 +22,7 @@ from mlx_watchdog.config.values import (
     format_duration,
     format_size,
     int_range,
+    parse_agent,
     parse_argv,
     parse_bool,
     parse_daily,
@@ -38,6 +39,7 @@ from mlx_watchdog.config.values import (
     parse_str_list,
     parse_url,
     parse_when,
+    show_agent,
 )
 
 
@@ -326,6 +328,14 @@ class WatchdogSettings:
         doc="beyond loopback, these answer without the token too (/healthz always does; "
         '"/status" opens the status page at / with it)',
         example=["/metrics"],
+    )
+    agent: tuple[str, int] | None = setting(
+        None,
+        parse=parse_agent,
+        show=show_agent,
+        doc='HAProxy\'s agent check asks here (agent-send "<server name>\\n"): each server '
+        'answered "up ready", "drain" or "down" as its state says; "off": none',
+        example="127.0.0.1:9465",
     )
     state_dir: Path = setting(
         parse=parse_path,

@@ -190,6 +190,16 @@ def parse_listen(value: object, where: str) -> tuple[str, int | None]:
     return host, int(port)
 
 
+def parse_agent(value: object, where: str) -> tuple[str, int] | None:
+    """`agent`: where HAProxy's agent check asks (host:port), or "off"."""
+    host, port = parse_listen(value, where)
+    return None if port is None else (host, port)
+
+
+def show_agent(value: tuple[str, int] | None) -> str:
+    return "off" if value is None else f"{value[0]}:{value[1]}"
+
+
 def is_loopback(host: str) -> bool:
     try:
         address = ipaddress.ip_address(host)

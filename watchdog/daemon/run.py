@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from mlx_watchdog.sense.process import ProcessTable
 from mlx_watchdog.sense.round import Checker
 from mlx_watchdog.sense.signs import Machine
 from mlx_watchdog.sense.text import printable
+from mlx_watchdog.serve.agent import start as start_agent
 from mlx_watchdog.serve.client import DAEMON_FILE, TOKEN_FILE
 from mlx_watchdog.serve.day import Days
 from mlx_watchdog.serve.endpoint import ensure_token
@@ -62,8 +64,9 @@ STALLED_SETTLE = 2.0  # a stalled daemon's wait for its jobs before it interrupt
 COMMANDS_FILE = "commands.json"  # the commands running now (restart_command, drain hooks)
 
 
-# What a reload cannot change under a running watchdog: its endpoint and its state folder.
-NEEDS_RESTART = ("listen_host", "listen_port", "open_routes", "state_dir")
+# What a reload cannot change under a running watchdog: its endpoint, its agent check and its
+# state folder.
+NEEDS_RESTART = ("listen_host", "listen_port", "open_routes", "agent", "state_dir")
 
 
 class Daemon:
@@ -105,6 +108,7 @@ class Daemon:
         self.started_at = wall()
         self.own_log = own_log()
         self.endpoint: ThreadingHTTPServer | None = None
+        self.agent: socketserver.TCPServer | None = None
         self.cycles: dict[str, Cycle] = {}
         self._blind: set[str] = set()  # servers whose stale verdict was said (the main thread's)
         self.schedule = Schedule()
@@ -338,6 +342,7 @@ class Daemon:
             c.start_server()
         self.days.seed(list(self.cycles))
         self._serve_endpoint()
+        self._serve_agent()
         self._running = True
         self._schedule()
         self.calendar.start(self.config)
@@ -459,11 +464,25 @@ class Daemon:
             c.checker.abort()
             c.manager.stop()
         if self.endpoint is not None:
-            self.endpoint.shutdown()
-            self.endpoint.server_close()
             (self.state_dir / DAEMON_FILE).unlink(missing_ok=True)
+        for served in (self.endpoint, self.agent):
+            if served is not None:
+                served.shutdown()
+                served.server_close()
         self.close()
         log.info("stopped")
+
+    def _serve_agent(self) -> None:
+        """Answer HAProxy's agent check per server (`watchdog.agent`), if asked for."""
+        where = self.config.watchdog.agent
+        if where is None:
+            return
+        try:
+            self.agent = start_agent(where[0], where[1], self.status)
+        except OSError as exc:
+            log.error("cannot serve the agent check on %s:%s (%s)", *where, exc)
+            return
+        log.info("agent check at %s:%s", *self.agent.server_address[:2])
 
     def _serve_endpoint(self) -> None:
         """Start /healthz, /status, /metrics; without them the watchdog still probes and heals."""

@@ -92,6 +92,9 @@ class ServerStatus:
     budget_refill_s: float | None = None  # when the oldest restart in the window stops counting
     restart_backoff_s: float | None = None  # the budget's backoff: no restart before this
     cannot_run: str | None = None  # the program a restart runs cannot run: nothing will help
+    # Requests wait behind work nobody waits for (abandoned connections, and the probe past
+    # slow_after without a token): with restart.drain, traffic is moved away at this sign.
+    held_behind: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

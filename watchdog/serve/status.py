@@ -49,8 +49,12 @@ def describe(
     budget = allowance(server.restart, figures.restarts, now)
     window = server.restart.window
     oldest = min((t for t in figures.restarts if now - window < t <= now), default=None)
-    serving = state in SERVING_STATES and not draining and not restarting
     e = evidence or Evidence()
+    held = bool(e.abandoned_connections) and not e.tokens and e.waited_s is not None
+    held = held and (e.waited_s or 0.0) >= server.probe.slow_after
+    # A balancer that drains it has another server: it moves traffic away at the first sign.
+    moved = held and server.restart.drain
+    serving = state in SERVING_STATES and not draining and not restarting and not moved
     return ServerStatus(
         name=server.name,
         url=server.url,
@@ -98,6 +102,7 @@ def describe(
         if budget.not_before is None or budget.not_before <= now
         else round(budget.not_before - now, 1),
         cannot_run=_cannot_run(server) if state in BAD_STATES else None,
+        held_behind=held,
     )
 
 

@@ -1,0 +1,246 @@
+"""Behind a real HAProxy (Debian's), run with the configuration docs/endpoint.md shows: the
+watchdog answers HAProxy's agent check per server, and a client stream through HAProxy loses
+no request while one of two servers wedges and is restarted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon import Daemon
+from mlx_watchdog.serve.agent import answer
+from tests.builders import QUICK_TOML, badserver_argv, command_server
+from tests.conftest import DaemonThread, free_port, listens, until
+from tests.pageday import NOW, changed, status_doc
+
+ROOT = Path(__file__).parent.parent
+HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
+
+
+def docs_block(language: str) -> str:
+    """The one ```language block of docs/endpoint.md: what the tests run is what it shows."""
+    text = (ROOT / "docs" / "endpoint.md").read_text()
+    (block,) = re.findall(rf"```{language}\n(.*?)```", text, re.S)
+    return block
+
+
+def test_the_agent_answers_each_server_as_healthz_does() -> None:
+    doc = status_doc(NOW, ("healthy", "wedged", "busy"))
+    assert answer(doc, "srv-healthy") == "up ready"
+    assert answer(doc, "srv-busy") == "up ready"  # busy with live clients: it still serves
+    assert answer(doc, "srv-wedged") == "down #wedged"
+    assert answer(doc, "nobody").startswith("down #no server named nobody")
+    assert answer(doc, "").startswith("down #agent-send names no server")  # several watched
+    drained = changed(doc, 0, draining=True, serving=False)
+    assert answer(drained, "srv-healthy") == "drain"
+    restarting = changed(doc, 0, restarting=True, serving=False)
+    assert answer(restarting, "srv-healthy") == "down #restarting"
+    held = changed(doc, 2, held_behind=True, serving=False)
+    assert answer(held, "srv-busy") == "down #busy: holding requests behind abandoned work"
+    one = changed(status_doc(NOW, ("healthy",)), 0)
+    assert answer(one, "") == "up ready"  # no agent-send, one server: that one
+    hostile = changed(doc, 1, state="wedged\n\x1b[2Jup ready")
+    assert "\n" not in answer(hostile, "srv-wedged")
+
+
+def test_an_early_sign_moves_traffic_only_where_the_balancer_drains() -> None:
+    """Abandoned connections and the probe past slow_after with no token: /healthz and the
+    agent say so at once where `restart.drain` says another server takes the traffic."""
+    from mlx_watchdog.config import ServerConfig
+    from mlx_watchdog.judge.evidence import Evidence
+    from mlx_watchdog.record.tally import Figures
+    from mlx_watchdog.serve.status import describe
+
+    lone = ServerConfig("s", "http://127.0.0.1:1")
+    e = Evidence(waited_s=lone.probe.slow_after + 1, abandoned_connections=1, tokens=0)
+    kept = describe(lone, NOW, Figures(), state="slow", reason="r", at=NOW, evidence=e)
+    assert kept.held_behind and kept.serving  # no other server: nothing is drained
+    paired = parse_config(
+        {"server": [{"name": "s", "url": "http://127.0.0.1:1", "restart": {"drain": True}}]}
+    ).servers[0]
+    moved = describe(paired, NOW, Figures(), state="slow", reason="r", at=NOW, evidence=e)
+    assert moved.held_behind and not moved.serving
+    young = Evidence(waited_s=0.1, abandoned_connections=1, tokens=0)
+    early = describe(paired, NOW, Figures(), state="slow", reason="r", at=NOW, evidence=young)
+    assert not early.held_behind and early.serving  # not yet past slow_after
+
+
+if HAPROXY is None:
+    if os.environ.get("CI"):  # .ci/run installs it: its absence there is a fault, not a skip
+        pytest.fail("haproxy is missing (apt-get install haproxy)")
+    pytest.skip("needs haproxy (Debian's package)", allow_module_level=True)
+
+
+def haproxy_config(folder: Path, front: int, servers: list[tuple[str, int]], agent: int) -> str:
+    """The docs' configuration, its addresses, ports, socket and names changed only."""
+    text = docs_block("haproxy")
+    text = text.replace("/run/haproxy/admin.sock", str(folder / "admin.sock"))
+    text = text.replace("127.0.0.1:8000", f"127.0.0.1:{front}")
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if line.strip().startswith("server ")]
+    assert len(at) == len(servers) == 2
+    for i, (name, port) in zip(at, servers, strict=True):
+        line = re.sub(r"10\.0\.0\.\d+:8080", f"127.0.0.1:{port}", lines[i])
+        line = re.sub(r"agent-addr 10\.0\.0\.\d+", "agent-addr 127.0.0.1", line)
+        line = line.replace("agent-port 9465", f"agent-port {agent}")
+        line = re.sub(r"server mac\d ", f"server {name} ", line)
+        lines[i] = line.replace('agent-send "mlx-8080\\n"', f'agent-send "{name}\\n"')
+    return "\n".join(lines) + "\n"
+
+
+def server_states(sock: Path) -> dict[str, str]:
+    """Each server's status as HAProxy's stats socket says (UP, DOWN, DRAIN, ...)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(b"show stat\n")
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    rows = got.decode().splitlines()
+    header = rows[0].lstrip("# ").split(",")
+    out = {}
+    for row in rows[1:]:
+        cells = dict(zip(header, row.split(","), strict=False))
+        if cells.get("svname") not in (None, "FRONTEND", "BACKEND"):
+            out[cells["svname"]] = cells["status"]
+    return out
+
+
+class Stream:
+    """A client sending a small request through the balancer every 0.1 s, each waiting as
+    long as it takes (a minute at most)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.results = url, []
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.sender = threading.Thread(target=self._send_all)
+        self.sender.start()
+
+    def _send_all(self) -> None:
+        while not self.stop.wait(0.1):
+            t = threading.Thread(target=self._one)
+            t.start()
+            self.threads.append(t)
+
+    def _one(self) -> None:
+        began = time.monotonic()
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        try:
+            r = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=60)
+            outcome: object = r.status_code
+        except httpx.HTTPError as exc:
+            outcome = type(exc).__name__
+        self.results.append((outcome, time.monotonic() - began))
+
+    def end(self) -> list[tuple[object, float]]:
+        self.stop.set()
+        self.sender.join()
+        for t in self.threads:
+            t.join(90)
+        return list(self.results)
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[list[tuple[str, int, Path]]]:
+    """Servers "a" (serves until its hang file exists, then holds every request) and "b"
+    (serves), each restarted by restart_bad.py through its pid file."""
+    made, procs = [], []
+    for name, mode in (("a", "hang_later"), ("b", "ok")):
+        folder = tmp_path / name
+        folder.mkdir()
+        port = free_port()
+        argv = badserver_argv(port, mode, "--hang-file", str(folder / "hang"))
+        proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
+        procs.append(proc)
+        (folder / "bad.pid").write_text(str(proc.pid))
+        made.append((name, port, folder))
+        until(lambda p=port: listens(p), 10, f"server {name} to listen")
+    yield made
+    for _, _, folder in made:  # the one running now: a restart replaced the first
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int((folder / "bad.pid").read_text()), 9)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_a_wedge_behind_haproxy_loses_no_request_and_the_server_comes_back(
+    tmp_path: Path, two_servers: list[tuple[str, int, Path]]
+) -> None:
+    """HAProxy as the docs configure it, one watchdog answering its agent check for both
+    servers: "a" wedges (it holds every request) under a steady client stream. The agent marks
+    it down at the verdict, the watchdog restarts it, the request it held is sent again to "b",
+    and "a" is back in the farm once it serves: no request fails, none waits much longer than
+    the detection and the restart."""
+    agent, front = free_port(), free_port()
+    servers = []
+    for name, port, folder in two_servers:
+        # A restart that takes 1.5 s, as a real one takes seconds: HAProxy's agent (every 1 s)
+        # sees it.
+        url = f"http://127.0.0.1:{port}"
+        s = command_server(url, folder / "bad.pid", port, delay=1.5, probe=QUICK_TOML)
+        servers.append({**s, "name": name})
+    raw = {
+        "watchdog": {
+            "interval": "200ms",
+            "listen": "off",
+            "agent": f"127.0.0.1:{agent}",
+            "state_dir": str(tmp_path / "state"),
+        },
+        "server": servers,
+    }
+    daemon = DaemonThread(Daemon(parse_config(raw)))
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(haproxy_config(tmp_path, front, [(n, p) for n, p, _ in two_servers], agent))
+    assert HAPROXY is not None
+    checked = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    log = (tmp_path / "haproxy.log").open("w")
+    proxy = subprocess.Popen(
+        [HAPROXY, "-db", "-f", str(cfg)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+    )
+    stats = tmp_path / "admin.sock"
+    try:
+        until(lambda: stats.exists() and server_states(stats) == {"a": "UP", "b": "UP"}, 20, "UP")
+        stream = Stream(f"http://127.0.0.1:{front}")
+        until(lambda: len(stream.results) >= 10, 20, "the stream to flow through both")
+        (two_servers[0][2] / "hang").write_text("")  # "a" now holds what it is sent
+        seen: set[str] = set()
+
+        def back_up() -> bool:
+            seen.add(server_states(stats)["a"])
+            restarted = [r for r in daemon.daemon.store.restarts("a", 0.0) if r.outcome]
+            return bool(restarted) and server_states(stats)["a"] == "UP"
+
+        until(back_up, 60, "a wedged, restarted and back UP")
+        until(lambda: len(stream.results) >= 10 + 30, 30, "requests after the cure")
+        results = stream.end()
+        restarts = daemon.daemon.store.restarts("a", 0.0)
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        log.close()
+        daemon.stop()
+    assert "DOWN (agent)" in seen, seen  # the agent took it out, not a failed connect
+    failed = [r for r in results if r[0] != 200]
+    assert results and not failed, failed
+    # Detection: max_busy (2 s: HAProxy's request on it is a live client), a tick, the agent's
+    # next check (1 s); then the restart (1.5 s) frees the request it held for a resend.
+    longest = max(wait for _, wait in results)
+    assert longest < 2.0 + 0.4 + 1.0 + 1.5 + 4.0, sorted(w for _, w in results)[-5:]
+    assert [r.outcome for r in restarts] == ["recovered"]

@@ -1,0 +1,113 @@
+"""HAProxy's agent check, served: one answer a connection, naming one server's fitness.
+
+HAProxy connects to `watchdog.agent` every `agent-inter`, sends its `agent-send` string (the
+server's name and a newline), reads one line and closes. One watchdog watching several servers
+is so checked per server, which `option httpchk` (one path a backend) cannot do. The answer is
+the one /healthz gives, in the agent's words (HAProxy 2.6 configuration.txt, "agent-check"):
+"up ready" while it can take requests, "drain" while the watchdog or a person drains it (no new
+requests, those on it finish), "down #<why>" otherwise (HAProxy then hands the requests queued
+for it to another server). Only an agent's "up ready" undoes its own "down" and "drain", so
+every answer says both words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mlx_watchdog.record.document import ServerStatus, Status
+from mlx_watchdog.sense.text import printable
+
+log = logging.getLogger("mlx_watchdog")
+
+MAX_NAME = 256  # bytes of agent-send read at most
+NAME_WAIT = 0.5  # s: HAProxy sends agent-send at once; without one, the only server answers
+UP, DRAIN = "up ready", "drain"
+
+
+def answer(doc: Status, asked: str) -> str:
+    """The agent's line for the server `asked` names (the only one when it names none)."""
+    servers = list(doc.servers)
+    if not asked:
+        if len(servers) != 1:
+            return f"down #agent-send names no server and this watchdog watches {len(servers)}"
+        return fitness(servers[0])
+    s = next((s for s in servers if s.name == asked), None)
+    return fitness(s) if s is not None else f"down #no server named {_said(asked)} here"
+
+
+def fitness(s: ServerStatus) -> str:
+    if s.serving:
+        return UP
+    if s.draining and not s.restarting:
+        return DRAIN
+    why = "restarting" if s.restarting else s.state
+    if s.held_behind and not s.restarting:
+        why = f"{s.state}: holding requests behind abandoned work"
+    return f"down #{_said(why)}"
+
+
+def _said(text: str) -> str:
+    """Outside text as one short description: printable, no comma (it ends HAProxy's)."""
+    return printable(text)[:80].replace(",", ";")
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Agent
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        name = _read_name(sock, time.monotonic() + NAME_WAIT)
+        try:
+            line = answer(self.server.status(), name)
+        except Exception:  # the daemon's status failing must not leave HAProxy hanging
+            log.exception("the agent check could not read the status")
+            line = "down #the watchdog cannot read its status"
+        with contextlib.suppress(OSError):  # HAProxy gave up: its next check asks again
+            sock.sendall(line.encode() + b"\n")
+
+
+def _read_name(sock: socket.socket, deadline: float) -> str:
+    """The agent-send line, read under a deadline and a size cap; "" when none came."""
+    got = b""
+    while b"\n" not in got and len(got) < MAX_NAME:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(MAX_NAME - len(got))
+        except OSError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+
+
+class _Agent(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], status: Callable[[], Status]) -> None:
+        self.status = status
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.address_family = family
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("agent check from %s failed", client_address, exc_info=True)
+
+
+def start(host: str, port: int, status: Callable[[], Status]) -> _Agent:
+    """Serve the agent check on (host, port) in a thread; `shutdown()` and `server_close()`
+    end it."""
+    agent = _Agent((host, port), status)
+    threading.Thread(target=agent.serve_forever, name="agent", daemon=True).start()
+    return agent
