@@ -12,7 +12,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -77,10 +77,13 @@ def test_an_early_sign_moves_traffic_only_where_the_balancer_drains() -> None:
     assert not early.held_behind and early.serving  # not yet past slow_after
 
 
-if HAPROXY is None:
-    if os.environ.get("CI"):  # .ci/run installs it: its absence there is a fault, not a skip
-        pytest.fail("haproxy is missing (apt-get install haproxy)")
-    pytest.skip("needs haproxy (Debian's package)", allow_module_level=True)
+@pytest.fixture
+def haproxy() -> str:
+    if HAPROXY is None:
+        if os.environ.get("CI"):  # .ci/run installs it: its absence there is a fault
+            pytest.fail("haproxy is missing (apt-get install haproxy)")
+        pytest.skip("needs haproxy (Debian's package)")
+    return HAPROXY
 
 
 def haproxy_config(folder: Path, front: int, servers: list[tuple[str, int]], agent: int) -> str:
@@ -180,7 +183,7 @@ def two_servers(tmp_path: Path) -> Iterator[list[tuple[str, int, Path]]]:
 
 
 def test_a_wedge_behind_haproxy_loses_no_request_and_the_server_comes_back(
-    tmp_path: Path, two_servers: list[tuple[str, int, Path]]
+    tmp_path: Path, two_servers: list[tuple[str, int, Path]], haproxy: str
 ) -> None:
     """HAProxy as the docs configure it, one watchdog answering its agent check for both
     servers: "a" wedges (it holds every request) under a steady client stream. The agent marks
@@ -207,12 +210,11 @@ def test_a_wedge_behind_haproxy_loses_no_request_and_the_server_comes_back(
     daemon = DaemonThread(Daemon(parse_config(raw)))
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(haproxy_config(tmp_path, front, [(n, p) for n, p, _ in two_servers], agent))
-    assert HAPROXY is not None
-    checked = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    checked = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     log = (tmp_path / "haproxy.log").open("w")
     proxy = subprocess.Popen(
-        [HAPROXY, "-db", "-f", str(cfg)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        [haproxy, "-db", "-f", str(cfg)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
     )
     stats = tmp_path / "admin.sock"
     try:
@@ -244,3 +246,48 @@ def test_a_wedge_behind_haproxy_loses_no_request_and_the_server_comes_back(
     longest = max(wait for _, wait in results)
     assert longest < 2.0 + 0.4 + 1.0 + 1.5 + 4.0, sorted(w for _, w in results)[-5:]
     assert [r.outcome for r in restarts] == ["recovered"]
+
+
+def test_a_server_that_serves_again_during_the_drain_is_not_restarted(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """A restart with a drain waits for the clients on the server; when the server answers
+    the probe meanwhile (what held it ended by itself), it is not restarted: the incident ends
+    "served again during the drain", and no restart is spent."""
+    port = free_port()
+    raw = {
+        "watchdog": {"interval": "200ms", "listen": "off", "state_dir": str(tmp_path / "s")},
+        "server": [
+            {
+                "name": "slow",
+                "url": f"http://127.0.0.1:{port}",
+                "manager": "command",
+                "match": "badserver",
+                "restart_command": ["false"],  # never reached
+                "probe": QUICK_TOML,
+                "restart": {"drain": True, "drain_timeout": "30s", "least_cost": False},
+            }
+        ],
+    }
+    server = subprocess.Popen(badserver_argv(port, "slow", "--delay", "5"), start_new_session=True)
+    client = None
+    try:
+        until(lambda: listens(port), 10, "the server to listen")
+        # A client still sending its request: live, and never done (the drain waits for it).
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 999\r\n\r\n{")
+        t = run_daemon(Daemon(parse_config(raw)))
+        cycles = t.daemon.cycles
+        until(lambda: "slow" in cycles and cycles["slow"].draining, 30, "the drain to begin")
+        until(lambda: not cycles["slow"].draining, 30, "the drain to end")
+        until(lambda: cycles["slow"].incident is None, 10, "the incident to close")
+        t.daemon.store.flush(5.0)
+        (incident,) = t.daemon.store.incidents(0.0)
+        assert incident.outcome == "served again during the drain, not restarted"
+        assert t.daemon.store.restarts("slow", 0.0) == []
+        assert [a["action"] for a in incident.actions] == ["drain"]
+    finally:
+        if client is not None:
+            client.close()
+        server.kill()
+        server.wait(10)

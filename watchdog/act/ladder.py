@@ -30,7 +30,7 @@ class Climb:
     """How one restart ended."""
 
     outcome: Outcome  # the manager's own account
-    result: str  # recovered, failed, interrupted
+    result: str  # recovered, failed, interrupted; served: it served before it was restarted
     served_at: float | None  # wall time of the first token afterwards
 
     def action(self, started: float, trigger: str, kind: str) -> dict[str, object]:
@@ -47,10 +47,13 @@ class Climb:
 
 @dataclass(frozen=True)
 class Drain:
-    """What the ladder calls to drain the server and to end the drain (the cycle's flag)."""
+    """What the ladder calls to drain the server and to end the drain (the cycle's flag).
+    `wait`: wait for the clients on it to finish; not for those behind work nobody waits for
+    (an abandoned request on a serial server): they cannot finish before it."""
 
     begin: Callable[[], None]
     end: Callable[[], None]
+    wait: bool = True
 
 
 class Ladder:
@@ -98,7 +101,9 @@ class Ladder:
         (the server and its other models stay); where that fails, the server is restarted."""
         if drain is not None:
             drain.begin()
-            self._wait_drained(server, manager, checker)
+            if self._wait_drained(server, manager, checker, wait=drain.wait):
+                drain.end()  # it served again meanwhile: a restart would only cost
+                return Climb(Outcome(True, "it served again during the drain"), "served", None)
         checker.abort()  # its server is about to be replaced
         begin()
         try:
@@ -207,15 +212,24 @@ class Ladder:
             what = "?"
         return holder, what
 
-    def _wait_drained(self, server: ServerConfig, manager: Manager, checker: Checker) -> None:
-        """Wait (bounded) for live clients to finish before a restart."""
+    def _wait_drained(
+        self, server: ServerConfig, manager: Manager, checker: Checker, *, wait: bool
+    ) -> bool:
+        """Wait (bounded) for live clients to finish before a restart; True when the server
+        served the probe meanwhile (the restart is not needed)."""
         deadline = self.mono() + server.restart.drain_timeout
         while self.mono() < deadline and not self.stopping():
+            probe = checker.probe
+            if probe is not None and probe.snapshot().tokens > 0:
+                return True
+            if not wait:
+                return False
             live = checker.inspector.sample(manager.pid(), exclude=checker.own.addresses()).live
             if not live:
-                return
+                return False
             self.system.sleep(1.0)
         log.warning("%s drain_timeout reached with clients still connected", server.name)
+        return False
 
     def run_hook(self, server: ServerConfig, which: str, argv: tuple[str, ...]) -> None:
         """Run drain_command or undrain_command; a failure is logged, the restart goes on."""

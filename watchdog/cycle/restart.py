@@ -48,6 +48,8 @@ class Attempt:
         # A person's drain stays after the restart.
         drains = c.server.restart.drain and not c.draining
         system, v = c.crew.ladder.system, None if self.manual else c.verdict
+        # Clients on a server that holds abandoned work cannot finish before it: not waited for.
+        behind = v is not None and bool(v.evidence.abandoned_connections)
 
         def freed() -> int:  # asked only under memory pressure: a manager's pid() may run a command
             return resident(c.manager.pid())
@@ -56,7 +58,7 @@ class Attempt:
             c.server,
             c.manager,
             c.checker,
-            drain=Drain(c.drain, c.undrain) if drains else None,
+            drain=Drain(c.drain, c.undrain, wait=not behind) if drains else None,
             begin=self._begin,
             settle=settle_for(v, freed, c.crew.machine, system, c.mono),
             unload=unloader_for(v, c.server, self.pid, system, c.mono),
@@ -78,6 +80,12 @@ class Attempt:
     def ended(self, climb: Climb) -> bool:
         """How the climb ended, recorded; True when the server serves again."""
         c, started, trigger = self.cycle, self.began, self.trigger
+        if climb.result == "served":  # during the drain, before any restart
+            action = {"at": c.wall(), "action": "drain", "outcome": "served again"}
+            c.ledger.record(Acted(c.incident.id if c.incident else None, action))
+            how = "served again during the drain, not restarted"
+            incidents.recovered(c, c.wall(), recover_s=None, how=how)
+            return True
         served_s = None if climb.served_at is None else climb.served_at - started
         c.ledger.record(RestartEnded(self.row, started, trigger, c.wall(), climb.result, served_s))
         action = climb.action(started, trigger, c.manager.kind)
