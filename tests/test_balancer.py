@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlx_watchdog.advice.calibrate import Advice
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.serve.agent import answer
@@ -75,6 +76,60 @@ def test_an_early_sign_moves_traffic_only_where_the_balancer_drains() -> None:
     young = Evidence(waited_s=0.1, abandoned_connections=1, tokens=0)
     early = describe(paired, NOW, Figures(), state="slow", reason="r", at=NOW, evidence=young)
     assert not early.held_behind and early.serving  # not yet past slow_after
+
+
+NEED = Advice(32768, 1024, 95.0, 2.0, 150, 180, 210)  # a calibration: 210 s at the balancer
+
+
+def trap_findings(text: str, tmp_path: Path, serial: bool = True) -> list[tuple[str, str]]:
+    from mlx_watchdog.advice.balancer import findings
+
+    path = tmp_path / "balancer.cfg"
+    path.write_text(text)
+    config = parse_config({"server": [{"name": "mac1", "url": "http://10.0.0.11:8080"}]})
+    serial_names = {"mac1"} if serial else set()
+    return [(lvl, d) for lvl, d, _ in findings(path, config, {"mac1": NEED}, serial_names)]
+
+
+def test_doctor_finds_the_seeds_traps_in_an_haproxy_config(tmp_path: Path) -> None:
+    docs = trap_findings(docs_block("haproxy"), tmp_path)
+    assert [lvl for lvl, _ in docs] == ["ok"], docs  # what the docs show passes
+    assert "1 of its servers watched here" in docs[0][1]
+    trap = (
+        "defaults\n    mode http\n    timeout connect 5s\n    timeout server 60s\n"
+        "    retry-on all-retryable-errors\n"
+        "backend mlx\n    server mac1 10.0.0.11:8080 check\n"
+        "    server mac2 10.0.0.12:8080 maxconn 1 check\n"
+    )
+    said = trap_findings(trap, tmp_path)
+    text = "\n".join(d for _, d in said)
+    assert "timeout server 60 s, below the 210 s" in text
+    assert "retries 3 without option redispatch" in text  # HAProxy's default 3 retries
+    assert "retry-on all-retryable-errors resends a prompt" in text
+    assert "no queue in front of a server that serves one request at a time" in text
+    queued = trap.replace(
+        "server mac1 10.0.0.11:8080 check", "server mac1 10.0.0.11:8080 maxconn 1"
+    )
+    text = "\n".join(d for _, d in trap_findings(queued, tmp_path))
+    assert "requests wait 5 s in the queue (timeout queue, or timeout connect when unset)" in text
+    batched = "\n".join(d for _, d in trap_findings(trap, tmp_path, serial=False))
+    assert "no queue in front" not in batched  # a batched server takes them together
+
+
+def test_doctor_finds_the_seeds_traps_in_an_nginx_config(tmp_path: Path) -> None:
+    docs = trap_findings(docs_block("nginx"), tmp_path)
+    levels = [lvl for lvl, _ in docs]
+    assert "problem" not in levels, docs
+    assert any("open-source nginx has no queue" in d for _, d in docs)  # said plainly
+    trap = (
+        "upstream mlx { server 10.0.0.11:8080; }\n"
+        "server { location /v1/ { proxy_pass http://mlx; proxy_next_upstream error timeout; } }\n"
+    )
+    text = "\n".join(d for _, d in trap_findings(trap, tmp_path))
+    assert "proxy_read_timeout 60 s, below the 210 s" in text  # nginx's default when unset
+    assert "proxy_next_upstream includes timeout" in text
+    garbage = trap_findings("this is no balancer", tmp_path)
+    assert garbage[0][0] == "problem" and "neither an HAProxy config" in garbage[0][1]
 
 
 @pytest.fixture

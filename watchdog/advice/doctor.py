@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
+from mlx_watchdog.advice.balancer import findings as balancer_findings
 from mlx_watchdog.advice.calibrate import Advice, refusal, serving_process
 from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
@@ -42,6 +43,7 @@ def run_doctor(
     config: Config,
     *,
     litellm: Path | None = None,
+    balancer: Path | None = None,
     system: System | None = None,
     home: Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -65,11 +67,16 @@ def run_doctor(
     store = open_history(config.watchdog.state_dir, create=False)
     try:
         advice: dict[str, Advice] = {}
+        serial: set[str] = set()
         for server in config.servers:
-            yield from _server(server, store, now(), advice, left_probes(config.watchdog.state_dir))
+            left = left_probes(config.watchdog.state_dir)
+            yield from _server(server, store, now(), advice, left, serial)
             yield from _throttle(server, home, clamp_of)
         if litellm is not None:
             yield from litellm_findings(litellm, config, advice)
+        if balancer is not None:
+            for level, detail, fix in balancer_findings(balancer, config, advice, serial):
+                yield Finding(level, "balancer", detail, fix)
     finally:
         store.close()
 
@@ -94,7 +101,12 @@ def _endpoint(config: Config) -> Finding:
 
 
 def _server(
-    server: ServerConfig, store: Store, now: float, advice: dict[str, Advice], left: LeftProbes
+    server: ServerConfig,
+    store: Store,
+    now: float,
+    advice: dict[str, Advice],
+    left: LeftProbes,
+    serial: set[str],
 ) -> Iterator[Finding]:
     name = f"{server.name}"
     if server.api_key_file is not None:
@@ -104,6 +116,7 @@ def _server(
     yield from _profile(server, cmdline)
     yield from _progress(server)
     if "--draft-model" in cmdline:
+        serial.add(server.name)
         yield Finding(
             "warning",
             name,

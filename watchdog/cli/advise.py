@@ -307,13 +307,24 @@ def drill(
     type=click.Path(dir_okay=False, path_type=Path),
     help="A LiteLLM proxy config to check: timeouts, retries and fallbacks.",
 )
+@click.option(
+    "--balancer-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="An HAProxy or nginx config to check: timeouts, retries, a queue for serial servers.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool) -> None:
+def doctor(
+    config_path: Path | None,
+    litellm_config: Path | None,
+    balancer_config: Path | None,
+    as_json: bool,
+) -> None:
     """Check what decides whether the wedge can happen here, and say how to fix it.
 
     Config, service, the watchdog's endpoint, each server (a generation, the probe's cost,
-    serial serving, API key file, last calibration) and, with --litellm-config, the proxy's
-    timeouts, retries and fallbacks. Exit 0 all ok, 1 warnings, 2 problems.
+    serial serving, API key file, last calibration) and, with --litellm-config or
+    --balancer-config (HAProxy, nginx), the balancer's timeouts, retries, fallbacks and queue.
+    Exit 0 all ok, 1 warnings, 2 problems.
     """
     import dataclasses
     import json
@@ -324,7 +335,7 @@ def doctor(config_path: Path | None, litellm_config: Path | None, as_json: bool)
     findings = []
     style = {"ok": "green", "note": "cyan", "warning": "yellow", "problem": "bold red"}
     names = {s.name for s in cfg.servers}
-    for found in run_doctor(cfg, litellm=litellm_config):
+    for found in run_doctor(cfg, litellm=litellm_config, balancer=balancer_config):
         # Each command it suggests works as typed: this one's --config, the server it is about.
         about = found.what if found.what in names else None
         f = dataclasses.replace(

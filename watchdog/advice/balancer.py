@@ -1,0 +1,243 @@
+"""A load balancer's own config, read for the seed's traps: a timeout below the prefill (the
+balancer gives up mid-prefill and the server computes for nobody), a retry or fallback onto the
+same server, and no queue in front of a server that serves one request at a time (a wedge then
+strands every request the balancer sent it). HAProxy and nginx, told apart by their syntax.
+
+Only what this module parses is judged: directives in `defaults`/`backend`/`listen` sections
+(HAProxy) and in `upstream`, `server` and `location` blocks (nginx); includes are not followed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlx_watchdog.advice.calibrate import Advice
+from mlx_watchdog.advice.finding import Level
+from mlx_watchdog.config import Config, ServerConfig
+from mlx_watchdog.sense.process import is_local_host
+
+MAX_CONFIG = 2 * 2**20  # bytes of a balancer config read at most
+
+
+class BalancerConfigError(ValueError):
+    """A file that is not a balancer config this module reads; the message says why."""
+
+
+@dataclass
+class Upstream:
+    """One server line of a backend (HAProxy) or upstream (nginx), with what governs it."""
+
+    kind: str  # haproxy, nginx
+    section: str
+    address: str  # host:port
+    maxconn: int | None = None
+    timeout_s: float | None = None  # how long the balancer waits for the answer
+    queue_s: float | None = None  # how long a request may wait for a free slot (HAProxy)
+    retries: int = 0
+    redispatch: bool = False
+    retry_on: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def load(path: Path) -> list[Upstream]:
+    try:
+        with path.open("rb") as f:
+            text = f.read(MAX_CONFIG).decode("utf-8", "replace")
+    except OSError as exc:
+        raise BalancerConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    text = "\n".join(line.split("#", 1)[0].rstrip() for line in text.splitlines())
+    if re.search(r"^\s*(backend|listen)\s+\S+", text, re.M):
+        return _haproxy(text)
+    if re.search(r"\bupstream\s+\S+\s*\{", text):
+        return _nginx(text)
+    raise BalancerConfigError(
+        f"{path} is neither an HAProxy config (no backend or listen section) nor an nginx one "
+        "(no upstream block)"
+    )
+
+
+def _seconds(value: str, default_unit: str = "ms") -> float | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(us|ms|s|m|h|d)?", value.strip())
+    if m is None:
+        return None
+    unit = m.group(2) or default_unit
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}[unit]
+    return float(m.group(1)) * scale
+
+
+def _haproxy(text: str) -> list[Upstream]:
+    defaults: dict[str, str] = {}
+    sections: list[tuple[str, dict[str, str], list[list[str]]]] = []
+    current: dict[str, str] | None = None
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if not line[0].isspace():
+            head = words[0]
+            if head == "defaults":
+                current = defaults = {}
+            elif head in ("backend", "listen"):
+                current = {}
+                sections.append((words[1] if len(words) > 1 else "?", current, []))
+            else:
+                current = None
+            continue
+        if current is None:
+            continue
+        key = " ".join(words[:2]) if words[0] in ("timeout", "option") else words[0]
+        if words[0] == "server" and sections and current is sections[-1][1]:
+            sections[-1][2].append(words)
+        else:
+            current[key] = " ".join(words[len(key.split()) :])
+    found = []
+    for name, own, servers in sections:
+        settings = {**defaults, **own}
+        connect = _seconds(settings.get("timeout connect", ""))
+        queue = (
+            _seconds(settings.get("timeout queue", "")) if "timeout queue" in settings else connect
+        )
+        for words in servers:
+            args = words[3:]
+            maxconn = next((args[i + 1] for i, w in enumerate(args[:-1]) if w == "maxconn"), None)
+            retries = settings.get("retries", "3")
+            found.append(
+                Upstream(
+                    "haproxy",
+                    name,
+                    words[2] if len(words) > 2 else "?",
+                    maxconn=int(maxconn) if maxconn and maxconn.isdigit() else None,
+                    timeout_s=_seconds(settings.get("timeout server", "")),
+                    queue_s=queue,
+                    retries=int(retries) if retries.isdigit() else 3,
+                    redispatch="option redispatch" in settings,
+                    retry_on=settings.get("retry-on", "conn-failure"),
+                )
+            )
+    return found
+
+
+def _nginx(text: str) -> list[Upstream]:
+    upstreams = dict(re.findall(r"\bupstream\s+(\S+)\s*\{([^}]*)\}", text))
+    read = re.search(r"\bproxy_read_timeout\s+([^;]+);", text)
+    nxt = re.search(r"\bproxy_next_upstream\s+([^;]+);", text)
+    timeout = _seconds(read.group(1), "s") if read else 60.0  # nginx's default
+    found = []
+    for name, body in upstreams.items():
+        for address, params in re.findall(r"\bserver\s+(\S+)([^;]*);", body):
+            conns = re.search(r"\bmax_conns=(\d+)", params)
+            found.append(
+                Upstream(
+                    "nginx",
+                    name,
+                    address,
+                    maxconn=int(conns.group(1)) if conns else None,
+                    timeout_s=timeout,
+                    retries=0 if nxt is not None and nxt.group(1).strip() == "off" else 1,
+                    redispatch=True,  # nginx's next upstream is another server
+                    retry_on=nxt.group(1).strip() if nxt else "error timeout",
+                )
+            )
+    return found
+
+
+def findings(
+    path: Path, config: Config, advice: dict[str, Advice], serial: set[str]
+) -> Iterator[tuple[Level, str, str]]:
+    """(level, detail, fix) for each trap found; `serial`: the servers known to serve one
+    request at a time."""
+    try:
+        upstreams = load(path)
+    except BalancerConfigError as exc:
+        yield "problem", str(exc), "name an HAProxy or nginx config"
+        return
+    watched = [(u, s) for u in upstreams if (s := _served(u.address, config)) is not None]
+    kinds = sorted({u.kind for u in upstreams})
+    yield "ok", f"{path}: {', '.join(kinds)}, {len(watched)} of its servers watched here", ""
+    for u, server in watched:
+        yield from _one(u, server, advice.get(server.name), server.name in serial)
+
+
+def _one(
+    u: Upstream, server: ServerConfig, need: Advice | None, serial: bool
+) -> Iterator[tuple[Level, str, str]]:
+    where = f"{u.kind} {u.section} {u.address} ({server.name})"
+    if need is None:
+        yield (
+            "warning",
+            f"{where} waits {_said(u.timeout_s)}; whether that outlasts the prefill is unknown",
+            f"mlx-watchdog calibrate --server {server.name}",
+        )
+    elif u.timeout_s is not None and u.timeout_s < need.load_balancer_s:
+        what = "timeout server" if u.kind == "haproxy" else "proxy_read_timeout"
+        yield (
+            "problem",
+            f"{where}: {what} {u.timeout_s:g} s, below the {need.load_balancer_s} s a "
+            f"{need.prompt_tokens}-token prompt needs: it gives up mid-prefill and the server "
+            "computes for nobody",
+            f"set {what} to at least {need.load_balancer_s}s",
+        )
+    if u.kind == "nginx" and "timeout" in u.retry_on.split():
+        yield (
+            "problem",
+            f"{where}: proxy_next_upstream includes timeout: a prompt that timed out is sent "
+            "again, one more abandoned request",
+            "proxy_next_upstream error; (connection errors only)",
+        )
+    if u.kind == "haproxy" and u.retries and not u.redispatch:
+        yield (
+            "warning",
+            f"{where}: retries {u.retries} without option redispatch: a retry goes to the same "
+            "server",
+            "option redispatch 1",
+        )
+    resends = {"response-timeout", "all-retryable-errors"} & set(u.retry_on.split())
+    if u.kind == "haproxy" and resends:
+        yield (
+            "problem",
+            f"{where}: retry-on {min(resends)} resends a prompt the server is still computing "
+            "when the balancer's timeout strikes: one more abandoned request",
+            "retry-on conn-failure empty-response",
+        )
+    if not serial:
+        return
+    if u.maxconn is None:
+        fix = "maxconn 1 on its server line" if u.kind == "haproxy" else "see docs/endpoint.md"
+        plain = (
+            ""
+            if u.kind == "haproxy"
+            else "; open-source nginx has no queue (max_conns without NGINX Plus's queue "
+            "refuses the excess with 502)"
+        )
+        yield (
+            "warning",
+            f"{where}: no queue in front of a server that serves one request at a time: the "
+            f"balancer sends it every request, and a wedge strands them all{plain}",
+            fix,
+        )
+    elif u.kind == "haproxy" and need is not None and (u.queue_s or 0) < need.load_balancer_s:
+        yield (
+            "problem",
+            f"{where}: requests wait {_said(u.queue_s)} in the queue (timeout queue, or timeout "
+            f"connect when unset), below the {need.load_balancer_s} s one request may hold it",
+            f"timeout queue {need.load_balancer_s}s",
+        )
+
+
+def _said(seconds: float | None) -> str:
+    return "without a limit" if seconds is None else f"{seconds:g} s"
+
+
+def _served(address: str, config: Config) -> ServerConfig | None:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return None
+    for server in config.servers:
+        if int(port) != server.port:
+            continue
+        if host == server.host or (is_local_host(host) and is_local_host(server.host)):
+            return server
+    return None
