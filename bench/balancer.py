@@ -1,0 +1,157 @@
+"""Behind a real HAProxy: one of two servers wedges and is cured under a client stream.
+
+    python bench/balancer.py            # each setup once, 40 requests after the cure
+    python bench/balancer.py --quick    # CI's smoke run: 10 after the cure
+
+Two misbehaving servers of our own (tests/badserver.py) behind HAProxy 2.6 (Debian's), one
+watchdog watching both (restarts through the `command` manager, each taking 1.5 s), a client
+sending a small request every 0.1 s through HAProxy, and server "a" made to hold every request
+it is sent (its hang file) until the watchdog restarts it. Three setups, the rest alike:
+
+- agent: docs/endpoint.md's configuration as it is (the watchdog's agent check, maxconn 1,
+  the resend of what a restart cut off);
+- /v1/models: HAProxy checks each server's /v1/models itself (the seed's probe), no agent;
+- no check: HAProxy checks nothing;
+- agent, no queue, no resend: the agent, without `maxconn 1` and the resend (what the docs
+  showed before).
+
+It prints one JSON document and a Markdown table (served, failed, p99 and max wait); nothing is
+asserted. Needs `haproxy` (apt-get install haproxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlx_watchdog.config import parse_config  # noqa: E402
+from mlx_watchdog.daemon import Daemon  # noqa: E402
+from tests.balancing import Stream, haproxy_config, server_states  # noqa: E402
+from tests.builders import QUICK_TOML, badserver_argv, command_server  # noqa: E402
+from tests.conftest import DaemonThread, free_port, listens, until  # noqa: E402
+
+SETUPS = ("agent", "/v1/models", "no check", "agent, no queue, no resend")
+
+
+def configured(text: str, setup: str) -> str:
+    if setup == "agent":
+        return text
+    if setup == "agent, no queue, no resend":  # the docs' config before issue 47
+        text = text.replace(" maxconn 1", "")
+        text = re.sub(
+            r"^    (retry-on|option redispatch|option http-buffer).*\n", "", text, flags=re.M
+        )
+        return text
+    text = re.sub(r" agent-check.*$", "", text, flags=re.M)
+    if setup == "no check":
+        return re.sub(r" check inter 1s fall 1 rise 2", "", text)
+    return text.replace(
+        "    balance leastconn\n",
+        "    balance leastconn\n    option httpchk GET /v1/models\n    http-check expect status 200\n",
+    )
+
+
+def run(setup: str, after: int, haproxy: str) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        procs, servers = [], []
+        for name, mode in (("a", "hang_later"), ("b", "ok")):
+            (folder / name).mkdir()
+            port = free_port()
+            argv = badserver_argv(port, mode, "--hang-file", str(folder / name / "hang"))
+            procs.append(subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL))
+            (folder / name / "bad.pid").write_text(str(procs[-1].pid))
+            until(lambda p=port: listens(p), 10, f"server {name}")
+            url = f"http://127.0.0.1:{port}"
+            s = command_server(url, folder / name / "bad.pid", port, delay=1.5, probe=QUICK_TOML)
+            servers.append(({**s, "name": name}, port))
+        agent, front = free_port(), free_port()
+        raw = {
+            "watchdog": {
+                "interval": "200ms",
+                "listen": "off",
+                "agent": f"127.0.0.1:{agent}",
+                "state_dir": str(folder / "state"),
+            },
+            "server": [s for s, _ in servers],
+        }
+        daemon = DaemonThread(Daemon(parse_config(raw)))
+        text = haproxy_config(folder, front, [(s["name"], p) for s, p in servers], agent)
+        (folder / "haproxy.cfg").write_text(configured(text, setup))
+        proxy = subprocess.Popen(
+            [haproxy, "-db", "-f", str(folder / "haproxy.cfg")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        stats = folder / "admin.sock"
+        try:
+            until(lambda: stats.exists() and len(server_states(stats)) == 2, 20, "HAProxy")
+            ready = {"UP", "no check"}
+            until(lambda: set(server_states(stats).values()) <= ready, 20, "both UP")
+            stream = Stream(f"http://127.0.0.1:{front}")
+            until(lambda: len(stream.results) >= 10, 20, "the stream")
+            (folder / "a" / "hang").write_text("")
+            store = daemon.daemon.store
+
+            def cured() -> bool:
+                return any(r.outcome == "recovered" for r in store.restarts("a", 0.0))
+
+            until(cured, 60, "the cure")
+            cured_at = len(stream.results)
+            until(lambda: len(stream.results) >= cured_at + after, 60, "requests after it")
+            results = stream.end()
+        finally:
+            proxy.terminate()
+            proxy.wait(10)
+            daemon.stop()
+            for p in procs:
+                p.kill()
+                p.wait(10)
+            for name in ("a", "b"):  # the one a restart started, by the PID it recorded
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int((folder / name / "bad.pid").read_text()), signal.SIGKILL)
+    waits = sorted(w for _, w in results)
+    failed = [o for o, _ in results if o != 200]
+    return {
+        "setup": setup,
+        "served": len(results) - len(failed),
+        "failed": len(failed),
+        "p99_wait_s": round(waits[max(0, int(0.99 * len(waits)) - 1)], 2),
+        "max_wait_s": round(waits[-1], 2),
+        "median_wait_s": round(statistics.median(waits), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI's smoke run")
+    args = parser.parse_args()
+    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
+    if haproxy is None:
+        raise SystemExit("needs haproxy (apt-get install haproxy)")
+    rows = [run(setup, 10 if args.quick else 40, haproxy) for setup in SETUPS]
+    print(json.dumps(rows, indent=2))
+    print("\n| setup | served | failed | p99 wait | max wait |\n|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['setup']} | {r['served']} | {r['failed']} | {r['p99_wait_s']} s "
+            f"| {r['max_wait_s']} s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
