@@ -13,7 +13,8 @@ it is sent (its hang file) until the watchdog restarts it. Three setups, the res
 - /v1/models: HAProxy checks each server's /v1/models itself (the seed's probe), no agent;
 - no check: HAProxy checks nothing;
 - agent, no queue, no resend: the agent, without `maxconn 1` and the resend (what the docs
-  showed before).
+  showed before);
+- nginx: Debian's nginx with the docs' block (no health check, no queue, no resend of a POST).
 
 It prints one JSON document and a Markdown table (served, failed, p99 and max wait); nothing is
 asserted. Needs `haproxy` (apt-get install haproxy).
@@ -39,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 from mlx_watchdog.config import parse_config  # noqa: E402
 from mlx_watchdog.daemon import Daemon  # noqa: E402
-from tests.balancing import Stream, haproxy_config, server_states  # noqa: E402
+from tests.balancing import Stream, haproxy_config, nginx_config, server_states  # noqa: E402
 from tests.builders import QUICK_TOML, badserver_argv, command_server  # noqa: E402
 from tests.conftest import DaemonThread, free_port, listens, until  # noqa: E402
 
-SETUPS = ("agent", "/v1/models", "no check", "agent, no queue, no resend")
+SETUPS = ("agent", "/v1/models", "no check", "agent, no queue, no resend", "nginx")
 
 
 def configured(text: str, setup: str) -> str:
@@ -64,7 +65,7 @@ def configured(text: str, setup: str) -> str:
     )
 
 
-def run(setup: str, after: int, haproxy: str) -> dict[str, object]:
+def run(setup: str, after: int, haproxy: str, nginx: str | None) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         procs, servers = [], []
@@ -89,19 +90,24 @@ def run(setup: str, after: int, haproxy: str) -> dict[str, object]:
             "server": [s for s, _ in servers],
         }
         daemon = DaemonThread(Daemon(parse_config(raw)))
-        text = haproxy_config(folder, front, [(s["name"], p) for s, p in servers], agent)
-        (folder / "haproxy.cfg").write_text(configured(text, setup))
+        if setup == "nginx" and nginx is not None:
+            (folder / "nginx.conf").write_text(nginx_config(folder, front, [p for _, p in servers]))
+            argv = [nginx, "-c", str(folder / "nginx.conf"), "-g", "daemon off;"]
+        else:
+            text = haproxy_config(folder, front, [(s["name"], p) for s, p in servers], agent)
+            (folder / "haproxy.cfg").write_text(configured(text, setup))
+            argv = [haproxy, "-db", "-f", str(folder / "haproxy.cfg")]
         proxy = subprocess.Popen(
-            [haproxy, "-db", "-f", str(folder / "haproxy.cfg")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         stats = folder / "admin.sock"
         try:
-            until(lambda: stats.exists() and len(server_states(stats)) == 2, 20, "HAProxy")
-            ready = {"UP", "no check"}
-            until(lambda: set(server_states(stats).values()) <= ready, 20, "both UP")
+            if setup == "nginx":
+                until(lambda: listens(front), 20, "nginx")
+            else:
+                until(lambda: stats.exists() and len(server_states(stats)) == 2, 20, "HAProxy")
+                ready = {"UP", "no check"}
+                until(lambda: set(server_states(stats).values()) <= ready, 20, "both UP")
             stream = Stream(f"http://127.0.0.1:{front}")
             until(lambda: len(stream.results) >= 10, 20, "the stream")
             (folder / "a" / "hang").write_text("")
@@ -143,7 +149,9 @@ def main() -> None:
     haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
     if haproxy is None:
         raise SystemExit("needs haproxy (apt-get install haproxy)")
-    rows = [run(setup, 10 if args.quick else 40, haproxy) for setup in SETUPS]
+    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+    setups = [s for s in SETUPS if s != "nginx" or nginx is not None]
+    rows = [run(setup, 10 if args.quick else 40, haproxy, nginx) for setup in setups]
     print(json.dumps(rows, indent=2))
     print("\n| setup | served | failed | p99 wait | max wait |\n|---|---|---|---|---|")
     for r in rows:

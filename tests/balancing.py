@@ -90,3 +90,22 @@ class Stream:
         for t in self.threads:
             t.join(90)
         return list(self.results)
+
+
+def nginx_config(folder: Path, front: int, ports: list[int]) -> str:
+    """The docs' nginx block inside the least an nginx.conf needs to run unprivileged here
+    (its own pid file, logs and temporary folders); addresses and ports changed only."""
+    block = docs_block("nginx").replace("127.0.0.1:8000", f"127.0.0.1:{front}")
+    for docs_address, port in zip(("10.0.0.11:8080", "10.0.0.12:8080"), ports, strict=True):
+        block = block.replace(docs_address, f"127.0.0.1:{port}")
+    temp = "\n".join(
+        f"    {kind}_temp_path {folder / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return (
+        f"pid {folder / 'nginx.pid'};\nerror_log {folder / 'error.log'};\n"
+        "events {}\nhttp {\n"
+        f"    access_log {folder / 'access.log'};\n{temp}\n"
+        + "\n".join("    " + line for line in block.splitlines())
+        + "\n}\n"
+    )

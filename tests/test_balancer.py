@@ -12,19 +12,21 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mlx_watchdog.advice.calibrate import Advice
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.serve.agent import answer
-from tests.balancing import Stream, docs_block, haproxy_config, server_states
+from tests.balancing import Stream, docs_block, haproxy_config, nginx_config, server_states
 from tests.builders import QUICK_TOML, badserver_argv, command_server
 from tests.conftest import DaemonThread, free_port, listens, until
 from tests.pageday import NOW, changed, status_doc
 
 ROOT = Path(__file__).parent.parent
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
 
 
 def test_the_agent_answers_each_server_as_healthz_does() -> None:
@@ -265,3 +267,47 @@ def test_a_server_that_serves_again_during_the_drain_is_not_restarted(
             client.close()
         server.kill()
         server.wait(10)
+
+
+@pytest.fixture
+def nginx() -> str:
+    if NGINX is None:
+        if os.environ.get("CI"):  # .ci/run installs it: its absence there is a fault
+            pytest.fail("nginx is missing (apt-get install nginx)")
+        pytest.skip("needs nginx (Debian's package)")
+    return NGINX
+
+
+def test_the_docs_nginx_config_runs_and_a_wedge_strands_what_it_sent(
+    tmp_path: Path, two_servers: list[tuple[str, int, Path]], nginx: str
+) -> None:
+    """Debian's nginx with the docs' block: it serves through both servers; with one holding
+    every request, what nginx already sent it waits (nginx has no queue to keep it in, and
+    never resends a POST), which is what the docs say of it."""
+    front = free_port()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(nginx_config(tmp_path, front, [p for _, p, _ in two_servers]))
+    checked = subprocess.run([nginx, "-t", "-c", str(conf)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    proxy = subprocess.Popen(
+        [nginx, "-c", str(conf), "-g", "daemon off;"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        until(lambda: listens(front), 10, "nginx to listen")
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        url = f"http://127.0.0.1:{front}/v1/chat/completions"
+        assert [httpx.post(url, json=body, timeout=10).status_code for _ in range(4)] == [200] * 4
+        (two_servers[0][2] / "hang").write_text("")  # "a" holds what it is sent from now on
+        held = 0
+        for _ in range(4):  # round robin: half of them go to "a"
+            try:
+                httpx.post(url, json=body, timeout=2).raise_for_status()
+            except httpx.TimeoutException:
+                held += 1
+        assert held >= 1  # stranded on the wedged server: no queue, no resend
+    finally:
+        proxy.terminate()
+        proxy.wait(10)

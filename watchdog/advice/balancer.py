@@ -49,10 +49,10 @@ def load(path: Path) -> list[Upstream]:
     except OSError as exc:
         raise BalancerConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     text = "\n".join(line.split("#", 1)[0].rstrip() for line in text.splitlines())
-    if re.search(r"^\s*(backend|listen)\s+\S+", text, re.M):
-        return _haproxy(text)
     if re.search(r"\bupstream\s+\S+\s*\{", text):
         return _nginx(text)
+    if re.search(r"^(backend|listen)\s+\S+", text, re.M):  # a section starts a line
+        return _haproxy(text)
     raise BalancerConfigError(
         f"{path} is neither an HAProxy config (no backend or listen section) nor an nginx one "
         "(no upstream block)"
