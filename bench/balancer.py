@@ -2,6 +2,7 @@
 
     python bench/balancer.py            # each setup once, 40 requests after the cure
     python bench/balancer.py --quick    # CI's smoke run: 10 after the cure
+    python bench/balancer.py --real     # the seed's setup: two real mlx_lm.servers (minutes)
 
 Two misbehaving servers of our own (tests/badserver.py) behind HAProxy 2.6 (Debian's), one
 watchdog watching both (restarts through the `command` manager, each taking 1.5 s), a client
@@ -16,6 +17,11 @@ it is sent (its hang file) until the watchdog restarts it. Three setups, the res
   showed before);
 - nginx: Debian's nginx with the docs' block (no health check, no queue, no resend of a POST).
 
+With --real, the servers are two real `mlx_lm.server`s on the tiny model, serial through
+`--draft-model` as in the field, started and restarted by the watchdog (`process` manager,
+`restart.drain = true`: its balancer has another server), and server "a" is wedged the seed's
+way: two long prompts sent to it directly by clients that give up after 1 s.
+
 It prints one JSON document and a Markdown table (served, failed, p99 and max wait); nothing is
 asserted. Needs `haproxy` (apt-get install haproxy).
 """
@@ -26,10 +32,8 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,29 +44,19 @@ sys.path.insert(0, str(ROOT))
 
 from mlx_watchdog.config import parse_config  # noqa: E402
 from mlx_watchdog.daemon import Daemon  # noqa: E402
-from tests.balancing import Stream, haproxy_config, nginx_config, server_states  # noqa: E402
+from tests.balancing import (  # noqa: E402
+    Stream,
+    configured,
+    haproxy_config,
+    nginx_config,
+    run_real,
+    server_states,
+    summary,
+)
 from tests.builders import QUICK_TOML, badserver_argv, command_server  # noqa: E402
 from tests.conftest import DaemonThread, free_port, listens, until  # noqa: E402
 
 SETUPS = ("agent", "/v1/models", "no check", "agent, no queue, no resend", "nginx")
-
-
-def configured(text: str, setup: str) -> str:
-    if setup == "agent":
-        return text
-    if setup == "agent, no queue, no resend":  # the docs' config before issue 47
-        text = text.replace(" maxconn 1", "")
-        text = re.sub(
-            r"^    (retry-on|option redispatch|option http-buffer).*\n", "", text, flags=re.M
-        )
-        return text
-    text = re.sub(r" agent-check.*$", "", text, flags=re.M)
-    if setup == "no check":
-        return re.sub(r" check inter 1s fall 1 rise 2", "", text)
-    return text.replace(
-        "    balance leastconn\n",
-        "    balance leastconn\n    option httpchk GET /v1/models\n    http-check expect status 200\n",
-    )
 
 
 def run(setup: str, after: int, haproxy: str, nginx: str | None) -> dict[str, object]:
@@ -130,28 +124,28 @@ def run(setup: str, after: int, haproxy: str, nginx: str | None) -> dict[str, ob
             for name in ("a", "b"):  # the one a restart started, by the PID it recorded
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int((folder / name / "bad.pid").read_text()), signal.SIGKILL)
-    waits = sorted(w for _, w in results)
-    failed = [o for o, _ in results if o != 200]
-    return {
-        "setup": setup,
-        "served": len(results) - len(failed),
-        "failed": len(failed),
-        "p99_wait_s": round(waits[max(0, int(0.99 * len(waits)) - 1)], 2),
-        "max_wait_s": round(waits[-1], 2),
-        "median_wait_s": round(statistics.median(waits), 3),
-    }
+    return summary(setup, results)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI's smoke run")
+    parser.add_argument("--real", action="store_true", help="two real mlx_lm.servers")
     args = parser.parse_args()
     haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
     if haproxy is None:
         raise SystemExit("needs haproxy (apt-get install haproxy)")
     nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
-    setups = [s for s in SETUPS if s != "nginx" or nginx is not None]
-    rows = [run(setup, 10 if args.quick else 40, haproxy, nginx) for setup in setups]
+    if args.real:
+        from mlx_watchdog.demo.tinymodel import build_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            model = build_model(work / "model")
+            rows = [run_real(setup, 30, haproxy, work, model) for setup in ("agent", "/v1/models")]
+    else:
+        setups = [s for s in SETUPS if s != "nginx" or nginx is not None]
+        rows = [run(setup, 10 if args.quick else 40, haproxy, nginx) for setup in setups]
     print(json.dumps(rows, indent=2))
     print("\n| setup | served | failed | p99 wait | max wait |\n|---|---|---|---|---|")
     for r in rows:

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import re
 import socket
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+
+from mlx_watchdog.config import parse_config
+from mlx_watchdog.daemon import Daemon
+from tests.conftest import DaemonThread, free_port, until
 
 ROOT = Path(__file__).parent.parent
 
@@ -109,3 +116,120 @@ def nginx_config(folder: Path, front: int, ports: list[int]) -> str:
         + "\n".join("    " + line for line in block.splitlines())
         + "\n}\n"
     )
+
+
+def configured(text: str, setup: str) -> str:
+    if setup == "agent":
+        return text
+    if setup == "agent, no queue, no resend":  # the docs' config before issue 47
+        text = text.replace(" maxconn 1", "")
+        text = re.sub(
+            r"^    (retry-on|option redispatch|option http-buffer).*\n", "", text, flags=re.M
+        )
+        return text
+    text = re.sub(r" agent-check.*$", "", text, flags=re.M)
+    if setup == "no check":
+        return re.sub(r" check inter 1s fall 1 rise 2", "", text)
+    return text.replace(
+        "    balance leastconn\n",
+        "    balance leastconn\n    option httpchk GET /v1/models\n    http-check expect status 200\n",
+    )
+
+
+def run_real(setup: str, after: int, haproxy: str, work: Path, model: Path) -> dict[str, object]:
+    """The seed's setup behind HAProxy (configured for `setup`): two real serial servers
+    (`model`, `--draft-model`) started and restarted by one watchdog, a client stream, and a
+    wedge from two long prompts sent to server "a" by clients that give up after 1 s."""
+    from mlx_watchdog.demo.run import long_prompt, send
+    from tests.conftest import ttft
+
+    folder = work / setup.replace("/", "").replace(" ", "-")
+    folder.mkdir()
+    (work / "hub").mkdir(exist_ok=True)
+    ports = {"a": free_port(), "b": free_port()}
+    probe = {
+        "slow_after": "2s",
+        "wedge_after": "4s",
+        "max_busy": "5m",
+        "startup_grace": "3m",
+        "hard_timeout": "10m",
+    }
+    serve = ("-m", "mlx_lm", "server", "--model", str(model), "--draft-model", str(model))
+    servers = [
+        {
+            "name": name,
+            "url": f"http://127.0.0.1:{port}",
+            "manager": "process",
+            "command": [sys.executable, *serve, "--port", str(port), "--max-tokens", "8"],
+            "env": {"HF_HUB_CACHE": str(work / "hub"), "HF_HUB_OFFLINE": "1"},
+            "probe": probe,
+            "restart": {"drain": True, "drain_timeout": "1m", "max_restarts": 5, "backoff": "1s"},
+        }
+        for name, port in ports.items()
+    ]
+    agent, front = free_port(), free_port()
+    raw = {
+        "watchdog": {
+            "interval": "1s",
+            "listen": "off",
+            "agent": f"127.0.0.1:{agent}",
+            "state_dir": str(folder / "state"),
+        },
+        "server": servers,
+    }
+    daemon = DaemonThread(Daemon(parse_config(raw)))
+    text = haproxy_config(folder, front, list(ports.items()), agent)
+    (folder / "haproxy.cfg").write_text(configured(text, setup))
+    proxy = subprocess.Popen(
+        [haproxy, "-db", "-f", str(folder / "haproxy.cfg")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    stats = folder / "admin.sock"
+    try:
+        cycles = daemon.daemon.cycles
+
+        def serving() -> bool:
+            shown = [c.shown for c in list(cycles.values())]
+            return len(shown) == 2 and all(s.state == "healthy" for s in shown)
+
+        until(serving, 240, "both servers to serve")
+        until(lambda: set(server_states(stats).values()) == {"UP"}, 30, "both UP")
+        a = f"http://127.0.0.1:{ports['a']}"
+        rate = 1500 * 3 / ttft(a, long_prompt(1, words=1500))  # tokens a second, about
+        words = int(rate * 20 / 3)  # each abandoned prompt about 20 s of prefill
+        stream = Stream(f"http://127.0.0.1:{front}")
+        until(lambda: len(stream.results) >= 10, 30, "the stream")
+        for seed in (11, 12):  # the seed's wedge: clients that give up after 1 s
+            send(a, long_prompt(seed, words=words), timeout=1.0)
+        store = daemon.daemon.store
+
+        def cured() -> bool:
+            incidents = store.incidents(0.0, "a")
+            return bool(incidents) and all(i.closed_at is not None for i in incidents)
+
+        until(cured, 300, "the wedge on a to end")
+        ended_at = len(stream.results)
+        until(lambda: len(stream.results) >= ended_at + after, 120, "requests after it")
+        results = stream.end()
+        how = [i.outcome for i in store.incidents(0.0, "a")]
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        daemon.stop()
+    row = summary(setup, results)
+    return {**row, "abandoned_prefill_s_each": 20, "incident_outcomes": how}
+
+
+def summary(setup: str, results: list[tuple[object, float]]) -> dict[str, object]:
+    waits = sorted(w for _, w in results)
+    failed = [o for o, _ in results if o != 200]
+    return {
+        "setup": setup,
+        "served": len(results) - len(failed),
+        "failed": len(failed),
+        "p99_wait_s": round(waits[max(0, int(0.99 * len(waits)) - 1)], 2),
+        "max_wait_s": round(waits[-1], 2),
+        "median_wait_s": round(statistics.median(waits), 3),
+    }

@@ -311,3 +311,18 @@ def test_the_docs_nginx_config_runs_and_a_wedge_strands_what_it_sent(
     finally:
         proxy.terminate()
         proxy.wait(10)
+
+
+def test_the_seeds_wedge_behind_haproxy_loses_no_request(
+    tmp_path: Path, tiny_model: Path, haproxy: str
+) -> None:
+    """The seed's setup: two real serial mlx_lm.servers behind HAProxy as the docs configure
+    it, one watchdog (agent check, restart.drain), a client stream, and server "a" wedged by
+    two long prompts its clients give up on after 1 s. No request fails, and none waits longer
+    than the detection (wedge_after 4 s), one agent check (1 s) and 4 s."""
+    from tests.balancing import run_real
+
+    row = run_real("agent", 20, haproxy, tmp_path, tiny_model)
+    assert row["failed"] == 0, row
+    assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0, row
+    assert row["incident_outcomes"] == ["restarted"], row

@@ -286,8 +286,17 @@ class Cycle:
             cause = Cause(v.evidence.cause or Cause.UNKNOWN)
             if cause is Cause.MEMORY_PRESSURE and (holders := self._memory_holders()):
                 reason = f"{reason}; {holders}"
+            e = v.evidence
             if cause in NO_PROGRESS and trigger is Trigger.WEDGED:
                 reason = f"{reason}; restarting at once: waiting cannot cure {WORDS[cause]}"
+            elif self.server.restart.drain and e.live_connections and e.abandoned_connections:
+                # Waiting costs the clients behind the abandoned work every second; a restart
+                # frees them for the balancer's other server at once (what a restart cuts off
+                # before any byte came back, the balancer sends again: docs/endpoint.md).
+                reason = (
+                    f"{reason}; restarting at once: {e.live_connections} client(s) wait behind "
+                    "work nobody waits for, and the balancer has another server (restart.drain)"
+                )
             elif trigger is Trigger.WEDGED and self.phase is Phase.FAILING and least_cost:
                 why = self._cheaper_cure(v)
                 if why is None:
