@@ -183,7 +183,9 @@ Fact = (
 
 class Ledger:
     """Writes one server's facts: its history rows, its Tally, the sinks and its alerts. Runs
-    on the server's own job; `record` returns the row a fact opened (an incident, a restart)."""
+    on the server's own job, but for the daemon's loop saying the verdict went stale (a `Said`:
+    the history, sinks and alerter take any thread; only the job touches the Tally). `record`
+    returns the row a fact opened (an incident, a restart)."""
 
     def __init__(self, name: str, crew: Crew, tally: Tally | None = None) -> None:
         self.name = name
