@@ -326,3 +326,78 @@ def test_the_seeds_wedge_behind_haproxy_loses_no_request(
     assert row["failed"] == 0, row
     assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0, row
     assert row["incident_outcomes"] == ["restarted"], row
+
+
+@pytest.fixture
+def litellm_python() -> Path:
+    from tests import litellm_env
+    from tests.conftest import TESTS_CACHE
+
+    try:
+        return litellm_env.python(TESTS_CACHE)
+    except (subprocess.SubprocessError, OSError) as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"LiteLLM could not be installed into the tests' cache: {exc}")
+
+
+def test_a_wedge_behind_litellms_router_with_a_fallback_loses_no_request(
+    tmp_path: Path, two_servers: list[tuple[str, int, Path]], litellm_python: Path
+) -> None:
+    """LiteLLM's Router (its own venv) configured as the docs show, one deployment per
+    server with a fallback to the other: server "a" holds every request it is sent until the
+    watchdog restarts it; the requests it held fail over to "b" and no client sees an error."""
+    import json
+
+    import yaml
+
+    ports = {name: port for name, port, _ in two_servers}
+    config = yaml.safe_load(docs_block("yaml"))
+    for deployment, name in zip(config["model_list"], ("a", "b"), strict=True):
+        base = f"http://127.0.0.1:{ports[name]}/v1"
+        deployment["litellm_params"]["api_base"] = base
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    servers = []
+    for name, port, folder in two_servers:
+        url = f"http://127.0.0.1:{port}"
+        s = command_server(url, folder / "bad.pid", port, delay=3.0, probe=QUICK_TOML)
+        servers.append({**s, "name": name})
+    raw = {
+        "watchdog": {"interval": "200ms", "listen": "off", "state_dir": str(tmp_path / "s")},
+        "server": servers,
+    }
+    daemon = DaemonThread(Daemon(parse_config(raw)))
+    stop, progress = tmp_path / "stop", tmp_path / "progress"
+    progress.write_text("")
+    first = config["model_list"][0]["model_name"]
+    script = Path(__file__).parent / "litellm_stream.py"
+    args = [str(tmp_path / "router.json"), first, str(stop), str(progress)]
+    log = (tmp_path / "client.log").open("w")
+    client = subprocess.Popen(
+        [str(litellm_python), str(script), *args, str(tmp_path / "results.json")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    try:
+        until(lambda: len(progress.read_text().split()) >= 10, 60, "the stream to flow")
+        (two_servers[0][2] / "hang").write_text("")  # "a" now holds what it is sent
+        store = daemon.daemon.store
+
+        def cured() -> bool:
+            return any(r.outcome == "recovered" for r in store.restarts("a", 0.0))
+
+        until(cured, 60, "a restarted")
+        answered = len(progress.read_text().split())
+        until(lambda: len(progress.read_text().split()) >= answered + 20, 60, "more answers")
+        stop.write_text("")
+        assert client.wait(180) == 0, (tmp_path / "client.log").read_text()[-2000:]
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(10)
+        log.close()
+        daemon.stop()
+    results = json.loads((tmp_path / "results.json").read_text())
+    failed = [r for r in results if r[0] != "ok"]
+    assert len(results) > 30 and not failed, failed
