@@ -42,8 +42,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_watchdog.config import parse_config  # noqa: E402
-from mlx_watchdog.daemon import Daemon  # noqa: E402
 from tests.balancing import (  # noqa: E402
     Stream,
     configured,
@@ -52,9 +50,10 @@ from tests.balancing import (  # noqa: E402
     run_real,
     server_states,
     summary,
+    watching,
 )
 from tests.builders import QUICK_TOML, badserver_argv, command_server  # noqa: E402
-from tests.conftest import DaemonThread, free_port, listens, until  # noqa: E402
+from tests.conftest import free_port, listens, until  # noqa: E402
 
 SETUPS = ("agent", "/v1/models", "no check", "agent, no queue, no resend", "nginx")
 
@@ -74,16 +73,7 @@ def run(setup: str, after: int, haproxy: str, nginx: str | None) -> dict[str, ob
             s = command_server(url, folder / name / "bad.pid", port, delay=1.5, probe=QUICK_TOML)
             servers.append(({**s, "name": name}, port))
         agent, front = free_port(), free_port()
-        raw = {
-            "watchdog": {
-                "interval": "200ms",
-                "listen": "off",
-                "agent": f"127.0.0.1:{agent}",
-                "state_dir": str(folder / "state"),
-            },
-            "server": [s for s, _ in servers],
-        }
-        daemon = DaemonThread(Daemon(parse_config(raw)))
+        daemon = watching([s for s, _ in servers], folder / "state", agent, "200ms")
         if setup == "nginx" and nginx is not None:
             (folder / "nginx.conf").write_text(nginx_config(folder, front, [p for _, p in servers]))
             argv = [nginx, "-c", str(folder / "nginx.conf"), "-g", "daemon off;"]

@@ -118,6 +118,22 @@ def nginx_config(folder: Path, front: int, ports: list[int]) -> str:
     )
 
 
+def watching(
+    servers: list[dict[str, object]], state: Path, agent: int, interval: str
+) -> DaemonThread:
+    """One watchdog watching `servers`, answering HAProxy's agent check on port `agent`."""
+    raw = {
+        "watchdog": {
+            "interval": interval,
+            "listen": "off",
+            "agent": f"127.0.0.1:{agent}",
+            "state_dir": str(state),
+        },
+        "server": servers,
+    }
+    return DaemonThread(Daemon(parse_config(raw)))
+
+
 def configured(text: str, setup: str) -> str:
     if setup == "agent":
         return text
@@ -168,16 +184,7 @@ def run_real(setup: str, after: int, haproxy: str, work: Path, model: Path) -> d
         for name, port in ports.items()
     ]
     agent, front = free_port(), free_port()
-    raw = {
-        "watchdog": {
-            "interval": "1s",
-            "listen": "off",
-            "agent": f"127.0.0.1:{agent}",
-            "state_dir": str(folder / "state"),
-        },
-        "server": servers,
-    }
-    daemon = DaemonThread(Daemon(parse_config(raw)))
+    daemon = watching(servers, folder / "state", agent, "1s")
     text = haproxy_config(folder, front, list(ports.items()), agent)
     (folder / "haproxy.cfg").write_text(configured(text, setup))
     proxy = subprocess.Popen(

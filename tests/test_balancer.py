@@ -19,7 +19,14 @@ from mlx_watchdog.advice.calibrate import Advice
 from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.serve.agent import answer
-from tests.balancing import Stream, docs_block, haproxy_config, nginx_config, server_states
+from tests.balancing import (
+    Stream,
+    docs_block,
+    haproxy_config,
+    nginx_config,
+    server_states,
+    watching,
+)
 from tests.builders import QUICK_TOML, badserver_argv, command_server
 from tests.conftest import DaemonThread, free_port, listens, until
 from tests.pageday import NOW, changed, status_doc
@@ -174,16 +181,7 @@ def test_a_wedge_behind_haproxy_loses_no_request_and_the_server_comes_back(
         url = f"http://127.0.0.1:{port}"
         s = command_server(url, folder / "bad.pid", port, delay=3.0, probe=QUICK_TOML)
         servers.append({**s, "name": name})
-    raw = {
-        "watchdog": {
-            "interval": "200ms",
-            "listen": "off",
-            "agent": f"127.0.0.1:{agent}",
-            "state_dir": str(tmp_path / "state"),
-        },
-        "server": servers,
-    }
-    daemon = DaemonThread(Daemon(parse_config(raw)))
+    daemon = watching(servers, tmp_path / "state", agent, "200ms")
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(haproxy_config(tmp_path, front, [(n, p) for n, p, _ in two_servers], agent))
     checked = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
