@@ -217,9 +217,12 @@ class Daemon:
 
     # -- what the endpoint and `status` show -------------------------------------------------
 
-    def status(self) -> Status:
+    def status(self, only: str | None = None) -> Status:
+        """Every server's document, or `only` that one's (none when no such server is watched:
+        HAProxy's agent asks about one server a check, every second)."""
         now, mono = self.wall(), self.mono()
-        cycles = list(self.cycles.values())
+        named = list(self.cycles.items())
+        cycles = [c for name, c in named if only is None or name == only]
         line = WatchdogLine(
             pid=os.getpid(),
             version=__version__,

@@ -65,7 +65,7 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         name = _read_name(sock, time.monotonic() + NAME_WAIT)
         try:
-            line = answer(self.server.status(), name)
+            line = answer(self.server.status(name or None), name)
         except Exception:  # the daemon's status failing must not leave HAProxy hanging
             log.exception("the agent check could not read the status")
             line = "down #the watchdog cannot read its status"
@@ -95,7 +95,7 @@ class _Agent(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], status: Callable[[], Status]) -> None:
+    def __init__(self, address: tuple[str, int], status: Callable[[str | None], Status]) -> None:
         self.status = status
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
@@ -105,9 +105,9 @@ class _Agent(socketserver.ThreadingTCPServer):
         log.debug("agent check from %s failed", client_address, exc_info=True)
 
 
-def start(host: str, port: int, status: Callable[[], Status]) -> _Agent:
-    """Serve the agent check on (host, port) in a thread; `shutdown()` and `server_close()`
-    end it."""
+def start(host: str, port: int, status: Callable[[str | None], Status]) -> _Agent:
+    """Serve the agent check on (host, port) in a thread; `status(name)` gives that server's
+    document (every server's for None). `shutdown()` and `server_close()` end it."""
     agent = _Agent((host, port), status)
     threading.Thread(target=agent.serve_forever, name="agent", daemon=True).start()
     return agent
