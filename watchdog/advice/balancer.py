@@ -19,7 +19,7 @@ from mlx_watchdog.advice.finding import Level
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.sense.process import is_local_host
 
-MAX_CONFIG = 2 * 2**20  # bytes of a balancer config read at most
+MAX_BALANCER_CONFIG = 2 * 2**20  # bytes of a balancer config read at most
 
 
 class BalancerConfigError(ValueError):
@@ -45,7 +45,7 @@ class Upstream:
 def load(path: Path) -> list[Upstream]:
     try:
         with path.open("rb") as f:
-            text = f.read(MAX_CONFIG).decode("utf-8", "replace")
+            text = f.read(MAX_BALANCER_CONFIG).decode("utf-8", "replace")
     except OSError as exc:
         raise BalancerConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     text = "\n".join(line.split("#", 1)[0].rstrip() for line in text.splitlines())
