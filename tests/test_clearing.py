@@ -182,6 +182,18 @@ def test_with_no_work_running_unknown_is_no_reason_to_wait(evidence: Evidence, w
     assert why in cure.why
 
 
+def test_work_that_ends_during_the_wait_gives_the_server_the_waits_end_to_serve() -> None:
+    """The abandoned request's socket is gone mid-wait: its work ended, and a serial server
+    serves the probe next. Not "nothing to wait for": the wait keeps its end, and only a
+    server that has not served by then is restarted."""
+    wait = Clearing(100.0, 110.0, 20_000, COST, margin=6.0)
+    ended = Evidence(live_connections=0, abandoned_connections=0, waited_s=5.0)
+    goes_on = choose(ended, COST, wait, now=104.0)
+    assert goes_on.wait == wait
+    late = choose(ended, COST, wait, now=110.0)
+    assert late.wait is None and "no client left work behind" in late.why
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     left=st.floats(min_value=0.0, max_value=600.0),

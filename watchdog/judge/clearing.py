@@ -166,7 +166,8 @@ def _plan_wait(
     # client can write such lines into the log (a logged body), the process's CPU it cannot.
     idle = _idle(e)
     if idle is not None:
-        return None, idle
+        kept = _ended_during(e, clearing, now)
+        return (kept, "") if kept is not None else (None, idle)
     if e.prefill_total is None or e.prefill_done is None or e.prefill_done >= e.prefill_total:
         # Nothing new in the log, or the prefill is done and the server decodes for the
         # client that left: a wait for a prefill goes on to the end it was given; past it, or
@@ -291,6 +292,16 @@ def counting_work(cost: RestartCost, e: Evidence, clearing: Clearing | None) -> 
     # the incident's cap (max_busy), or the resend's end.
     why = retry.Retry(e.retry_bytes, e.retry_after_s or 0.0, held).describe()
     return replace(cost, destroyed=round(max(0.0, held), 1), destroyed_why=why)
+
+
+def _ended_during(e: Evidence, clearing: Clearing | None, now: float) -> Clearing | None:
+    """The wait under way, kept to its end when the work it waited for ended (the abandoned
+    request's socket is gone): a serial server serves the probe next, which under load can
+    take longer than one look; one that has not served by the wait's end is restarted there
+    (seen: restarted 1.3 s after the abandoned prefill ended, on a loaded machine)."""
+    if clearing is None or e.abandoned_connections or now >= clearing.until:
+        return None
+    return clearing
 
 
 def _idle(e: Evidence) -> str | None:
