@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,8 +33,6 @@ from tests.conftest import DaemonThread, free_port, listens, until
 from tests.pageday import NOW, changed, status_doc
 
 ROOT = Path(__file__).parent.parent
-HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
-NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
 
 
 def test_the_agent_answers_each_server_as_healthz_does() -> None:
@@ -53,6 +52,44 @@ def test_the_agent_answers_each_server_as_healthz_does() -> None:
     assert answer(one, "") == "up ready"  # no agent-send, one server: that one
     hostile = changed(doc, 1, state="wedged\n\x1b[2Jup ready")
     assert "\n" not in answer(hostile, "srv-wedged")
+
+
+def test_the_agent_reads_what_it_is_sent_within_bounds_and_answers_one_line() -> None:
+    """Whatever connects to the agent port: a name line too long, one with control
+    characters, or nothing at all; each gets one line, within the read's bound."""
+    from mlx_watchdog.serve.agent import NAME_WAIT, start
+
+    doc = status_doc(NOW, ("healthy",))
+    agent = start("127.0.0.1", 0, lambda name: doc)
+    port = agent.server_address[1]
+
+    def ask(sent: bytes, *, close: bool = False) -> tuple[bytes, float]:
+        began = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(sent)
+            if close:
+                s.shutdown(socket.SHUT_WR)
+            got = b""
+            # Closed with unread bytes of ours, the agent's socket resets after its line.
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := s.recv(4096):
+                    got += chunk
+        return got, time.monotonic() - began
+
+    try:
+        assert ask(b"srv-healthy\n")[0] == b"up ready\n"
+        long, took = ask(b"x" * 100_000)  # no newline: read to the cap, then answered
+        assert long.startswith(b"down #no server named ") and long.count(b"\n") == 1
+        assert len(long) < 200 and took < NAME_WAIT + 2
+        nothing, took = ask(b"")  # no agent-send, one server: that one, after the wait
+        assert nothing == b"up ready\n" and took < NAME_WAIT + 2
+        hostile = ask(b"srv\x1b[2J\rup ready\x00\n")[0]
+        assert hostile.startswith(b"down #no server named ") and hostile.count(b"\n") == 1
+        assert b"\x1b" not in hostile and b"\r" not in hostile
+        assert ask(b"", close=True)[0] == b"up ready\n"  # a client that closed its side
+    finally:
+        agent.shutdown()
+        agent.server_close()
 
 
 def test_an_early_sign_moves_traffic_only_where_the_balancer_drains() -> None:
@@ -129,15 +166,31 @@ def test_doctor_finds_the_seeds_traps_in_an_nginx_config(tmp_path: Path) -> None
     assert "proxy_next_upstream includes timeout" in text
     garbage = trap_findings("this is no balancer", tmp_path)
     assert garbage[0][0] == "problem" and "neither an HAProxy config" in garbage[0][1]
+    binary = tmp_path / "binary.cfg"
+    binary.write_bytes(b"upstream \xff\xfe {\x00 server 10.0.0.11:8080 max_conns=x; }" * 50_000)
+    from mlx_watchdog.advice.balancer import findings
+
+    config = parse_config({"server": [{"name": "mac1", "url": "http://10.0.0.11:8080"}]})
+    said = list(findings(binary, config, {"mac1": NEED}, {"mac1"}))  # read to a cap, no crash
+    assert said[0][0] == "ok"
+    missing = list(findings(tmp_path / "none.cfg", config, {}, set()))
+    assert missing[0][0] == "problem" and "cannot read" in missing[0][1]
+
+
+def system_tool(name: str) -> str:
+    """A Debian package's program: skipped where missing, a fault under CI (.ci/run installs
+    it)."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing (apt-get install {name})")
+        pytest.skip(f"needs {name} (Debian's package)")
+    return found
 
 
 @pytest.fixture
 def haproxy() -> str:
-    if HAPROXY is None:
-        if os.environ.get("CI"):  # .ci/run installs it: its absence there is a fault
-            pytest.fail("haproxy is missing (apt-get install haproxy)")
-        pytest.skip("needs haproxy (Debian's package)")
-    return HAPROXY
+    return system_tool("haproxy")
 
 
 @pytest.fixture
@@ -269,11 +322,7 @@ def test_a_server_that_serves_again_during_the_drain_is_not_restarted(
 
 @pytest.fixture
 def nginx() -> str:
-    if NGINX is None:
-        if os.environ.get("CI"):  # .ci/run installs it: its absence there is a fault
-            pytest.fail("nginx is missing (apt-get install nginx)")
-        pytest.skip("needs nginx (Debian's package)")
-    return NGINX
+    return system_tool("nginx")
 
 
 def test_the_docs_nginx_config_runs_and_a_wedge_strands_what_it_sent(

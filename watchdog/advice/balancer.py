@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_watchdog.advice.calibrate import Advice
@@ -39,7 +39,6 @@ class Upstream:
     retries: int = 0
     redispatch: bool = False
     retry_on: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 def load(path: Path) -> list[Upstream]:
@@ -233,10 +232,13 @@ def _said(seconds: float | None) -> str:
 
 def _served(address: str, config: Config) -> ServerConfig | None:
     host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return None
+    return served_at(host, int(port), config) if port.isdigit() else None
+
+
+def served_at(host: str, port: int | None, config: Config) -> ServerConfig | None:
+    """The watched server a balancer or proxy sends to at host:port (loopback names alike)."""
     for server in config.servers:
-        if int(port) != server.port:
+        if port != server.port:
             continue
         if host == server.host or (is_local_host(host) and is_local_host(server.host)):
             return server

@@ -13,6 +13,7 @@ from pathlib import Path
 from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.advice.balancer import findings as balancer_findings
+from mlx_watchdog.advice.balancer import served_at
 from mlx_watchdog.advice.calibrate import Advice, refusal, serving_process
 from mlx_watchdog.advice.finding import Finding, Level, exit_code
 from mlx_watchdog.advice.host import mac_findings, service_findings
@@ -397,10 +398,4 @@ def _served_by(api_base: str, config: Config) -> ServerConfig | None:
     from urllib.parse import urlsplit
 
     parts = urlsplit(api_base)
-    host, port = parts.hostname or "", parts.port
-    for server in config.servers:
-        if port != server.port:
-            continue
-        if host == server.host or (is_local_host(host) and is_local_host(server.host)):
-            return server
-    return None
+    return served_at(parts.hostname or "", parts.port, config)
