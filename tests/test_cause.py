@@ -105,15 +105,15 @@ def test_ordinary_lines_are_not_failures() -> None:
 def test_each_cause_from_what_decides_it() -> None:
     died = LogError("thread_gone", "mlx_lm.server generation thread died: boom")
     still = (0.5, 0.0, 1.2)  # the process idle over the wait: what no client writes
-    said_died = diagnose(WEDGED, Signs(errors=(died,), idle_cpu=still))
+    said_died = diagnose(WEDGED, Signs(errors=(died,), work=still))
     assert said_died.cause is Cause.THREAD_GONE
     assert said_died.because.endswith("; the process idle and nothing moving")
     answer = replace(WEDGED, state="dead", answer='{"error": "generation thread died"}')
     assert diagnose(answer, Signs()).cause is Cause.THREAD_GONE
-    no_thread = Signs(stack=StackSample((MAIN,)), idle_cpu=still)
+    no_thread = Signs(stack=StackSample((MAIN,)), work=still)
     assert diagnose(WEDGED, no_thread).cause is Cause.THREAD_GONE
     metal = LogError("metal", "[metal::malloc] Resource limit (499000) exceeded")
-    said = diagnose(WEDGED, Signs(errors=(metal,), idle_cpu=still))
+    said = diagnose(WEDGED, Signs(errors=(metal,), work=still))
     assert said.cause is Cause.METAL_ERROR and "Resource limit" in said.because
     for held, facts in (
         ("it answers the probe wrongly", replace(WEDGED, state="dead")),
@@ -122,7 +122,7 @@ def test_each_cause_from_what_decides_it() -> None:
     ):
         named = diagnose(facts, Signs(errors=(metal,)))
         assert named.cause is Cause.METAL_ERROR and named.because.endswith(held)
-    idle = Signs(stack=StackSample((MAIN, GEN)), idle_cpu=(0.5, 0.0, 1.2))
+    idle = Signs(stack=StackSample((MAIN, GEN)), work=(0.5, 0.0, 1.2))
     deadlock = diagnose(WEDGED, idle)
     assert deadlock.cause is Cause.DEADLOCK and "eval" in deadlock.because
     assert diagnose(replace(WEDGED, abandoned=2), Signs()).cause is Cause.ABANDONED_PREFILL
@@ -156,7 +156,7 @@ WEAK_SIGNS: dict[str, tuple[Facts, Signs]] = {
         replace(WEDGED, answered=False),
         Signs(stack=StackSample((MAIN,))),
     ),
-    "an idle CPU": (WEDGED, Signs(idle_cpu=(0.0, 0.0, 0.0, 0.0))),
+    "an idle CPU": (WEDGED, Signs(work=(0.0, 0.0, 0.0, 0.0))),
     # A log line, even in the server's own shape, may be a client's (a raw body, a newline).
     "a log line of the thread's death alone": (
         WEDGED,
@@ -168,7 +168,7 @@ WEAK_SIGNS: dict[str, tuple[Facts, Signs]] = {
     ),
     "the generation thread, idle, too few looks": (
         WEDGED,
-        Signs(stack=StackSample((MAIN, GEN)), idle_cpu=(0.0, 0.0)),
+        Signs(stack=StackSample((MAIN, GEN)), work=(0.0, 0.0)),
     ),
     "low memory": (WEDGED, Signs(machine=Machine(64 * GIB, 2 * GIB, 8 * GIB, 0))),
     "swap in use": (WEDGED, Signs(machine=Machine(64 * GIB, 30 * GIB, 8 * GIB, 6 * GIB))),
@@ -178,7 +178,7 @@ WEAK_SIGNS: dict[str, tuple[Facts, Signs]] = {
     ),
     "a stack without the thread while HTTP answers, the process working": (
         WEDGED,
-        Signs(stack=StackSample((MAIN,)), idle_cpu=(90.0, 100.0, 100.0)),
+        Signs(stack=StackSample((MAIN,)), work=(90.0, 100.0, 100.0)),
     ),
     "a stack of another kind without the thread": (
         replace(WEDGED, kind="llama.cpp"),
@@ -206,7 +206,7 @@ def test_no_cause_is_named_from_absent_or_machine_signs_alone(
     nothing is named, whatever CPU and memory say one at a time."""
     machine = Machine(64 * GIB, available * GIB, 8 * GIB, swap_used * GIB)
     facts = replace(WEDGED, progressing=progressing)
-    found = diagnose(facts, Signs(idle_cpu=tuple(cpu), machine=machine)).cause
+    found = diagnose(facts, Signs(work=tuple(cpu), machine=machine)).cause
     assert found in (Cause.UNKNOWN, Cause.MEMORY_PRESSURE)
     if found is Cause.MEMORY_PRESSURE:
         assert machine.low and machine.swapping
@@ -372,7 +372,7 @@ def test_a_stated_death_a_working_server_contradicts_waits_for_wedge_after(
         return len(verdicts) >= 12
 
     until(twelve, 30, "twelve looks", step=0.25)
-    assert checker.cpu_over_wait and sum(checker.cpu_over_wait) / len(checker.cpu_over_wait) > 5
+    assert checker.work_over_wait and sum(checker.work_over_wait) / len(checker.work_over_wait) > 5
     states = {v.state for v in verdicts if v is not None}
     assert states <= {"slow"}, [v.reason for v in verdicts if v is not None]
     assert not any(v is not None and v.evidence.cause for v in verdicts)
@@ -391,7 +391,7 @@ def test_an_idle_generation_thread_over_the_wait_is_a_deadlock(
         memory=MemoryWatch(no_memory),
     )
     v = judge_until_wedged(checker, srv.proc.pid, looks=6)
-    assert v.evidence.cause == "deadlock", (v.reason, checker.cpu_over_wait)
+    assert v.evidence.cause == "deadlock", (v.reason, checker.work_over_wait)
     assert re.search(
         r"its generation thread sits in \S*wait while the process stays idle", v.reason
     )

@@ -25,6 +25,7 @@ from mlx_watchdog.config.values import (
     parse_agent,
     parse_argv,
     parse_bool,
+    parse_compute,
     parse_daily,
     parse_domain,
     parse_duration,
@@ -196,6 +197,12 @@ class ServerConfig:
         doc="mlx_lm | llama.cpp | vllm-mlx | rapid-mlx | omlx | mlx-openai-server | lmstudio "
         "| ollama | vllm | sglang | openai: sets match, the model rule and what the server "
         "reports",
+    )
+    compute: str = setting(
+        "auto",
+        parse=parse_compute,
+        doc="auto | cpu | gpu: where the server's work runs, so where the watchdog reads that "
+        "it works (auto: the GPU on macOS, the CPU elsewhere)",
     )
     api_key_file: Path | None = setting(
         None, parse=parse_path, doc="chmod 600", example="~/.config/mlx-watchdog/api-key"

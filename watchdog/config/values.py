@@ -260,6 +260,13 @@ def parse_manager(value: object, where: str) -> ManagerKind:
     return cast(ManagerKind, one_of(value, MANAGERS, where))
 
 
+COMPUTE = ("auto", "cpu", "gpu")
+
+
+def parse_compute(value: object, where: str) -> str:
+    return one_of(value, COMPUTE, where)
+
+
 def parse_kind(value: object, where: str) -> str:
     from mlx_watchdog.config.profiles import KINDS
 

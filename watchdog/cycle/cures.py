@@ -58,7 +58,7 @@ def named_throttled(
     found = throttled(
         e.prefill_rate_tps,
         calibrated_rate(calibration(), e.prefill_done or 0),
-        cpu=e.cpu_percent,
+        cpu=e.cpu_percent if e.work_on == "cpu" else e.work_percent,
         others=e.others_cpu_percent,
         clamp=e.clamp,
         idle_below=idle_below,

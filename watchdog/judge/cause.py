@@ -225,7 +225,7 @@ def _lost_thread(f: Facts, s: Signs) -> str | None:
 def _still(f: Facts, s: Signs) -> bool:
     """Nothing works in it now: its last few looks idle and no progress (abandoned requests or
     not: an idle process is not computing them; the clearing reads idleness the same way)."""
-    last = s.idle_cpu[-MIN_IDLE_READINGS:]
+    last = s.work[-MIN_IDLE_READINGS:]
     idle_now = len(last) == MIN_IDLE_READINGS and sum(last) / len(last) < f.idle_below
     return f.state == "wedged" and idle_now and not f.progressing
 
@@ -237,18 +237,20 @@ def _deadlock(f: Facts, s: Signs) -> Diagnosis | None:
     if thread is None or not _idle(f, s) or f.progressing or f.abandoned or f.state != "wedged":
         return None
     at = thread.frames[0] if thread.frames else "?"
-    cpu = sum(s.idle_cpu) / len(s.idle_cpu)
+    cpu = sum(s.work) / len(s.work)
     return Diagnosis(
         Cause.DEADLOCK,
         f"its generation thread sits in {at} while the process stays idle "
-        f"(CPU {cpu:.1f}% over the wait, {len(s.idle_cpu)} looks) and no progress is logged",
+        f"({s.work_on.upper()} {cpu:.1f}% over the wait, {len(s.work)} looks) and no "
+        "progress is logged",
     )
 
 
 def _idle(f: Facts, s: Signs) -> bool:
-    """Idle over the wait: its mean CPU (one look's spike, a stack tool's attach, is not work)."""
-    n = len(s.idle_cpu)
-    return n >= MIN_IDLE_READINGS and sum(s.idle_cpu) / n < f.idle_below
+    """Idle over the wait: its mean work sign, CPU or GPU (one look's spike, a stack tool's
+    attach, is not work); no readings (a GPU that cannot be read) is never idle."""
+    n = len(s.work)
+    return n >= MIN_IDLE_READINGS and sum(s.work) / n < f.idle_below
 
 
 def _batch_drain(f: Facts, s: Signs) -> Diagnosis | None:

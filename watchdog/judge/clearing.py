@@ -40,8 +40,8 @@ STALL_STEPS = 3.0  # a prefill that logged nothing for this many of its steps ha
 STALL_MIN_S = 10.0
 CANCEL_VERIFY_S = 15.0  # after a cancel, a token within this long or a restart
 CANCEL_S = 2.0  # a cancel's expected cost: its calls, and a token after them
-IDLE_CPU = 1.0  # at or below this share of a core the process is not working (a GPU-bound
-# prefill on Metal shows little CPU, so "working" is any more than idle)
+IDLE_CPU = 1.0  # at or below this share (of a core, or of the GPU's time where the server
+# computes there: judge/evidence.py's work sign) the process is not working
 
 
 @dataclass(frozen=True)
@@ -181,9 +181,10 @@ def _plan_wait(
         return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
-        if e.cpu_percent is not None and e.cpu_percent > IDLE_CPU:
+        if working(e) is not False:
             # The log went quiet, the process did not (a batched server steps its prompts in
-            # turn): what it works on is unknown, and waited for within the bound.
+            # turn), or where its work runs cannot be read: what it works on is unknown, and
+            # waited for within the bound.
             return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
         return None, stalled
     left = e.prefill_left_s
@@ -282,8 +283,7 @@ def counting_work(cost: RestartCost, e: Evidence, clearing: Clearing | None) -> 
     while the process works. Once the resend is no longer seen, what was counted stays."""
     before = clearing.cost if clearing is not None else None
     held = e.retry_held_s
-    working = e.cpu_percent is not None and e.cpu_percent > IDLE_CPU
-    if held is None or not working or e.retry_bytes is None:
+    if held is None or not working(e) or e.retry_bytes is None:
         if before is not None and before.destroyed:
             return replace(cost, destroyed=before.destroyed, destroyed_why=before.destroyed_why)
         return cost
@@ -309,11 +309,24 @@ def _idle(e: Evidence) -> str | None:
     if not e.abandoned_connections:
         return "no client left work behind (no abandoned request), so waiting would end nothing"
     if e.idle_looks >= MIN_IDLE_READINGS:  # one idle look is a pause, not a stop
+        now = e.work_percent if e.work_percent is not None else e.cpu_percent
+        where = "the process is" if e.work_on == "cpu" else "its GPU is"
         return (
-            f"the process is idle ({e.idle_looks} looks in a row, CPU {e.cpu_percent or 0:.1f}% "
+            f"{where} idle ({e.idle_looks} looks in a row, {e.work_on.upper()} {now or 0:.1f}% "
             "now), so no abandoned work is running that waiting would see end"
         )
     return None
+
+
+def working(e: Evidence) -> bool | None:
+    """Whether the process works now, read where its work runs; None: that cannot be read (a
+    GPU with no reading), which is never taken for idle. On the CPU, no reading yet is taken
+    as not working, as it always was here."""
+    if e.work_on == "cpu":
+        return e.cpu_percent is not None and e.cpu_percent > IDLE_CPU
+    if e.work_percent is None:
+        return None
+    return e.work_percent > IDLE_CPU
 
 
 def _unknown(e: Evidence) -> str:

@@ -13,6 +13,7 @@ from mlx_watchdog.judge.retry import Retry, retry_of
 from mlx_watchdog.sense.findings import (
     Client,
     Prefill,
+    Work,
 )
 from mlx_watchdog.sense.observation import Observation
 
@@ -53,6 +54,10 @@ class Evidence:
     process_age_s: float | None = None
     cpu_percent: float | None = None
     idle_looks: int = 0  # the last looks over the probe's wait in a row that found it idle
+    # The sign that it works, where its work runs (sense/work.py): the CPU, or on a Mac the GPU.
+    work_on: str = "cpu"
+    work_percent: float | None = None  # None: not read (see work_unknown), or a first reading
+    work_unknown: str | None = None  # why it cannot be read
     rss_bytes: int | None = None
     abandoned_connections: int | None = None
     live_connections: int | None = None
@@ -109,7 +114,8 @@ def evidence(
     obs: Observation, now: float, found: Diagnosis | None = None, *, idle_below: float = 1.0
 ) -> Evidence:
     probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
-    readings = obs.signs.idle_cpu if obs.signs is not None else ()
+    readings = obs.signs.work if obs.signs is not None else ()
+    work = obs.work if obs.work is not None else Work("cpu", proc.cpu_percent)
     return Evidence(
         ttft_s=_r(probe.ttft),
         waited_s=_r(probe.waited(now)),
@@ -131,6 +137,9 @@ def evidence(
         process_age_s=_r(proc.age(now)),
         cpu_percent=_r(proc.cpu_percent),
         idle_looks=_idle_looks(readings, idle_below),
+        work_on=work.on,
+        work_percent=_r(work.percent),
+        work_unknown=work.unknown or None,
         rss_bytes=proc.rss_bytes,
         abandoned_connections=proc.abandoned,
         live_connections=proc.live,

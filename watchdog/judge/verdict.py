@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mlx_watchdog.config import ProbeSettings
-from mlx_watchdog.judge.cause import STATED, Cause, Diagnosis, Facts, diagnose
+from mlx_watchdog.judge.cause import (
+    MIN_IDLE_READINGS,
+    STATED,
+    Cause,
+    Diagnosis,
+    Facts,
+    diagnose,
+)
 from mlx_watchdog.judge.evidence import Evidence, evidence
 from mlx_watchdog.judge.states import BAD_STATES, EXIT_CODES, State
 from mlx_watchdog.sense.findings import (
@@ -249,24 +256,46 @@ def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) 
         )
     if not live:
         return State.WEDGED, f"{lead}; no other client is connected, so it serves nobody"
-    if proc.cpu_percent is not None and proc.cpu_percent < s.idle_cpu_percent:
-        return State.WEDGED, (
-            f"{lead}; {_clients(live)} connected but the process is idle "
-            f"(CPU {proc.cpu_percent:.1f}%)"
-        )
+    idle = _idle_work(obs, s)
+    if idle is not None:
+        return State.WEDGED, f"{lead}; {_clients(live)} connected but {idle}"
     if waited >= s.max_busy:
         return (
             State.WEDGED,
             f"{lead}; busy with {_clients(live)} for longer than max_busy ({_s(s.max_busy)})",
         )
     stalled = load.stalled() if load is not None and load.ok else None
-    cpu = f" (CPU {proc.cpu_percent:.0f}%)" if proc.cpu_percent is not None else ""
+    cpu = _work_note(obs)
     said = f"; {load.describe()}" if load is not None and load.ok and load.queued else ""
     still = f", its progress counter still for {_s(stalled)}" if said and stalled else ""
     return State.BUSY, (
         f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}{said}{still}"
         f"{_drain_note(obs, s, now)}"
     )
+
+
+def _idle_work(obs: Observation, s: ProbeSettings) -> str | None:
+    """Why the server works on nothing now, read where its work runs; None: it may work. The
+    CPU: one look (Linux, `mlx[cpu]`). The GPU (a Mac): its time flat over MIN_IDLE_READINGS
+    looks, as one long command may not move it for a while; unread, never idle."""
+    work, cpu = obs.work, obs.process.cpu_percent
+    if work is None or work.on == "cpu":
+        if cpu is not None and cpu < s.idle_cpu_percent:
+            return f"the process is idle (CPU {cpu:.1f}%)"
+        return None
+    last = obs.signs.work[-MIN_IDLE_READINGS:] if obs.signs is not None else ()
+    if len(last) < MIN_IDLE_READINGS or any(r >= s.idle_cpu_percent for r in last):
+        return None
+    return f"its GPU time has not moved over {len(last)} looks (GPU {last[-1]:.1f}%)"
+
+
+def _work_note(obs: Observation) -> str:
+    work, cpu = obs.work, obs.process.cpu_percent
+    if work is None or work.on == "cpu":
+        return f" (CPU {cpu:.0f}%)" if cpu is not None else ""
+    if work.percent is None and work.unknown:
+        return f" (its GPU time cannot be read: {work.unknown}; its CPU says nothing here)"
+    return f" (GPU {work.percent:.0f}%)" if work.percent is not None else ""
 
 
 FED_WITHIN = 1.0  # s: a connection the server sent data this recently is being answered now

@@ -21,6 +21,22 @@ EMPTY_MODELS_FIX = (
 
 
 @dataclass(frozen=True)
+class Work:
+    """One look's reading of the work sign."""
+
+    on: str  # "cpu" or "gpu": where the server's work runs, so where it is read
+    percent: float | None  # busy share since the last reading (of a core, of the GPU's time)
+    unknown: str = ""  # why `percent` is None ("" when read, or when it is a first reading)
+    source: str = "psutil"  # what read it
+
+    def describe(self) -> str:
+        what = self.on.upper()
+        if self.percent is not None:
+            return f"{what} {self.percent:.1f}%"
+        return f"{what} unknown ({self.unknown})" if self.unknown else f"{what} not read yet"
+
+
+@dataclass(frozen=True)
 class Client:
     """One client connection to the server, live or left, and since when."""
 

@@ -3,6 +3,8 @@
 A `CLOSE_WAIT` socket on the server's port is a client that left while the server still owes it
 an answer: the fingerprint of abandoned work. `ESTABLISHED` ones are clients still waiting.
 Every psutil call goes through `ProcessTable`, so tests and other platforms can swap it.
+Bytes per connection come from the kernel's socket diagnostics on Linux (sense/sockdiag.py)
+and from `netstat -anv` on macOS (sense/netstat.py); elsewhere they are unknown.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import psutil
 
 from mlx_watchdog.config import ServerConfig
-from mlx_watchdog.sense import sockdiag
+from mlx_watchdog.sense import netstat, platform, sockdiag
 from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessSample
 
 log = logging.getLogger(__name__)
@@ -36,9 +38,17 @@ class ProcessTable:
     """The few psutil calls the watchdog makes, and on Linux the kernel's socket table for
     one port (sense/sockdiag.py) in place of psutil's read of every socket."""
 
-    def __init__(self) -> None:
-        self.diag = True  # until the kernel's socket diagnostics fail once: psutil then on
+    def __init__(
+        self, *, mac: bool | None = None, netstat_run: netstat.Run | None = None
+    ) -> None:
+        self.mac = platform.is_mac() if mac is None else mac
+        # Until the kernel's socket diagnostics fail once: psutil then on (never on a Mac).
+        self.diag = not self.mac
         self._resolved: dict[str, frozenset[str]] = {}
+        self.netstat_run = netstat_run
+        self.moved = netstat.Mover()
+        self.bytes_problem = ""  # why bytes per connection cannot be read ("": they can)
+        self.mono: Clock = time.monotonic
 
     def connections(self, proc: psutil.Process, port: int, kind: str) -> list[Any]:
         """The process's TCP sockets of that kind: at least those on `port` (all of them,
@@ -55,7 +65,50 @@ class ProcessTable:
             except sockdiag.Unavailable as exc:
                 log.info("reading sockets through psutil: %s", exc)
                 self.diag = False
-        return list(proc.net_connections(kind))
+        conns = list(proc.net_connections(kind))
+        return self._with_bytes(conns, port) if self.mac else conns
+
+    def _with_bytes(self, conns: list[Any], port: int) -> list[Any]:
+        """The connections on `port` with their byte counts from netstat (macOS), read only
+        when a client is connected; where netstat fails they stay unknown (said once)."""
+        if not any(c.raddr and c.laddr and c.laddr.port == port for c in conns):
+            return conns
+        try:
+            rows = netstat.read(self.netstat_run)
+        except netstat.Unreadable as exc:
+            if str(exc) != self.bytes_problem:
+                log.warning("bytes per connection cannot be read: %s", exc)
+            self.bytes_problem = str(exc)
+            return conns
+        self.bytes_problem = ""
+        now = self.mono()
+        by_ends = {
+            (_normal(r.local), _normal(r.remote)): r
+            for r in rows
+            if r.remote is not None and r.local[1] == port
+        }
+        self.moved.keep(set(by_ends))
+        out: list[Any] = []
+        for c in conns:
+            row = by_ends.get(_ends(c)) if c.raddr and c.laddr else None
+            if row is None or row.rx is None:
+                out.append(c)
+                continue
+            rx_quiet, tx_quiet = self.moved.quiet(row, now)
+            out.append(
+                sockdiag.Socket(
+                    c.family,
+                    c.status,
+                    sockdiag.SocketAddress(c.laddr.ip, c.laddr.port),
+                    sockdiag.SocketAddress(c.raddr.ip, c.raddr.port),
+                    0,
+                    received=row.rx,
+                    quiet_ms=rx_quiet,
+                    acked=row.tx,
+                    sent_quiet_ms=tx_quiet,
+                )
+            )
+        return out
 
     def listener(self, port: int, host: str | None = None, match: str = "") -> int | None:
         """PID of the process listening on `port` at an address that serves `host` (the one
@@ -199,7 +252,11 @@ def local_addresses() -> set[str]:
 
 def _normal(addr: Address) -> Address:
     ip, port = addr[0], addr[1]
-    return (ip.removeprefix("::ffff:"), int(port))
+    return (_normal_ip(ip), int(port))
+
+
+def _ends(conn: Any) -> tuple[Address, Address]:
+    return (_normal((conn.laddr.ip, conn.laddr.port)), _normal((conn.raddr.ip, conn.raddr.port)))
 
 
 class Inspector:

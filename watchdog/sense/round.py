@@ -31,6 +31,7 @@ from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_u
 from mlx_watchdog.sense.sched import Clamp, MachineLoad, clamp
 from mlx_watchdog.sense.signs import OtherModel, Signs
 from mlx_watchdog.sense.stack import Stacker
+from mlx_watchdog.sense.work import Work, WorkMeter
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 # While the probe is answered at once, the rest of a look (the process and its sockets, the
@@ -39,7 +40,7 @@ UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding
 # half a core), and a server that serves has nothing in them to judge. Status shows them as
 # old as this; a probe not answered at once looks at everything again.
 FULL_LOOK_EVERY = 5.0
-CPU_KEPT = 30  # CPU readings over one wait kept
+WORK_KEPT = 30  # readings of the work sign over one wait kept
 
 
 class Leftovers(Protocol):
@@ -85,6 +86,7 @@ class Checker:
         memory: MemoryWatch | None = None,
         gpu_reports: GpuEvents = gpu_events,
         clamp_of: Clamp = clamp,
+        work: WorkMeter | None = None,
     ) -> None:
         self.server = server
         self.left = left or Unkept()
@@ -115,7 +117,8 @@ class Checker:
         # (closing it would leave one more abandoned request), forgotten once the server serves.
         self.side: Probe | None = None
         self.side_tried = False
-        self.cpu_over_wait: list[float] = []
+        self.work = work or WorkMeter(server, mono=mono)
+        self.work_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
         self.looked: tuple[float, ProcessSample, LoadReport | None] | None = None  # full look
         self.models_at: float | None = None
@@ -229,7 +232,8 @@ class Checker:
         prefill = self.progress.read() if wanted else None
         if not wanted:
             self.progress.fresh = []
-        signs = self._signs(snap, pid, process)
+        work = self.work.read(process.pid, process.cpu_percent, waiting=not snap.done)
+        signs = self._signs(snap, pid, process, work)
         if snap.finding == ProbeFinding.OK and process.pid is not None:
             self.served_process = (process.pid, process.create_time)
         return Observation(
@@ -246,6 +250,7 @@ class Checker:
             self.server.kind,
             served=self._served(process),
             live_seen=self.live_seen,
+            work=work,
         )
 
     def _account(self, probe: Probe, snap: ProbeSnapshot) -> None:
@@ -288,22 +293,24 @@ class Checker:
         """This very process (PID and start time) gave the watchdog a token."""
         return self.served_process is not None and _same_process(self.served_process, process)
 
-    def _signs(self, snap: ProbeSnapshot, pid: int | None, process: ProcessSample) -> Signs | None:
+    def _signs(
+        self, snap: ProbeSnapshot, pid: int | None, process: ProcessSample, work: Work
+    ) -> Signs | None:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a
-        process), the log's known failures, CPU over the wait, the machine's memory, the GPU
-        resets macOS recorded (only for an answer with no token)."""
+        process), the log's known failures, the work sign over the wait, the machine's memory,
+        the GPU resets macOS recorded (only for an answer with no token)."""
         cpu = process.cpu_percent
         if snap.finding == ProbeFinding.OK or snap.tokens > 0:
             # Served: what the log said before is answered, but a line read in this very look
             # may be the server failing right after it (kept for the next verdict).
             self.progress.errors = list(self.progress.fresh)
-            self.cpu_over_wait.clear()
+            self.work_over_wait.clear()
             self.memory.reset()
             self.stacker.forget()
             self.side, self.side_tried = None, False
             return None
-        if cpu is not None and not snap.done:
-            self.cpu_over_wait = [*self.cpu_over_wait[-(CPU_KEPT - 1) :], cpu]
+        if work.percent is not None and not snap.done:
+            self.work_over_wait = [*self.work_over_wait[-(WORK_KEPT - 1) :], work.percent]
         # A failure the log states makes the wait a suspect at once: its stack may hold it up.
         waited = snap.waited(self.mono())
         long = waited >= self.server.probe.wedge_after or bool(self.progress.errors)
@@ -317,7 +324,8 @@ class Checker:
         return Signs(
             stack=self.stacker.sample(pid) if suspected and local else None,
             errors=tuple(self.progress.errors),
-            idle_cpu=tuple(self.cpu_over_wait),
+            work=tuple(self.work_over_wait),
+            work_on=work.on,
             machine=self.memory.look() if suspected and local else None,
             gpu_events=self._gpu_events(snap, process) if local else (),
             clamp=self._clamp(pid) if suspected and local else None,

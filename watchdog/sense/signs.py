@@ -145,7 +145,8 @@ class Signs:
 
     stack: StackSample | None = None
     errors: tuple[LogError, ...] = ()
-    idle_cpu: tuple[float, ...] = ()  # the process's CPU % at each look since the probe went
+    work: tuple[float, ...] = ()  # the work sign (sense/work.py) at each look of the wait
+    work_on: str = "cpu"  # where it was read: the CPU or the GPU
     machine: Machine | None = None
     gpu_events: tuple[str, ...] = ()  # macOS's GPU event reports since the process started
     clamp: str | None = None  # how the operating system holds the process back (sense/sched.py)
