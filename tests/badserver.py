@@ -353,6 +353,26 @@ class Handler(socketserver.BaseRequestHandler):
             with contextlib.suppress(OSError):
                 self.gen_ok(sock)
 
+    def gen_gpu(self, sock: socket.socket) -> None:
+        """mlx_lm.server on a Mac, serial (--draft-model: no progress lines): a prompt of a
+        token per 4 bytes of body prefilled at --rate tokens a second on the GPU, while the
+        thread waits as MLX's does on a Metal event (the process near 0 % CPU) and the GPU's
+        time climbs in --gpu-dir/<pid>.gpu (read by tests/fakes/mac/ioreg). A client that left
+        is not noticed. SIGUSR1: the GPU hangs, its command never completes and its time stops;
+        --gpu-spin: it spins instead (MLX_METAL_FAST_SYNCH), its time climbing for good."""
+        srv, total = self.server, max(1, len(self.body) // 4)
+        with srv.slot:
+            srv.gpu.busy(True)
+            ends = time.monotonic() + total / srv.rate
+            while time.monotonic() < ends or (srv.gpu.spin and GPU_HUNG.is_set()):
+                if GPU_HUNG.is_set() and not srv.gpu.spin:
+                    srv.gpu.busy(False)
+                    srv.stop.wait()
+                time.sleep(0.02)
+            srv.gpu.busy(False)
+            with contextlib.suppress(OSError):
+                self.gen_ok(sock)
+
     def gen_traffic(self, sock: socket.socket) -> None:
         """Serves concurrently and counts the tokens it sends. A long prompt (over 1 kB of
         body: a live client) streams a token every 0.1 s for --delay seconds; a short one (the
@@ -405,6 +425,33 @@ class Handler(socketserver.BaseRequestHandler):
         sock.close()
 
 
+class FakeGpu:
+    """This process's GPU time, kept where the fake ioreg reads it: the time so far (ns) and
+    since when it climbs (0: idle), on the wall clock the fake reads (`date +%s%N`)."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.path = os.path.join(folder, f"{os.getpid()}.gpu") if folder else None
+        self.spent, self.since, self.spin = 0, 0, False
+        self.lock = threading.Lock()
+        self._write()
+
+    def busy(self, on: bool) -> None:
+        with self.lock:
+            now = time.time_ns()
+            if on and not self.since:
+                self.since = now
+            elif not on and self.since:
+                self.spent, self.since = self.spent + now - self.since, 0
+            self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        with open(self.path + ".new", "w") as fh:
+            fh.write(f"{self.spent} {self.since}\n")
+        os.replace(self.path + ".new", self.path)
+
+
 class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -440,6 +487,7 @@ class Server(socketserver.ThreadingTCPServer):
         self.delivered = 0.0  # tokens sent to clients (mode traffic)
         self.lying = False  # the counter grows at every read (mode traffic, --lying)
         self.stall_at = 0.0
+        self.gpu = FakeGpu(None)
 
     def register(self, tokens: int) -> dict[str, Any]:
         with self.lock:
@@ -595,6 +643,8 @@ def main() -> None:
     parser.add_argument("--stall-at", type=float, default=0.0, help="a prefill stops there")
     parser.add_argument("--lying", action="store_true", help="a token counter that always grows")
     parser.add_argument("--no-generation-thread", action="store_true")
+    parser.add_argument("--gpu-dir", help="where its GPU time is kept for the fake ioreg")
+    parser.add_argument("--gpu-spin", action="store_true", help="a hung GPU spins (mode gpu)")
     parser.add_argument(
         "--busy-generation", action="store_true", help="its generation thread works (half a core)"
     )
@@ -604,6 +654,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     server = Server(args.port, args.mode, args.delay, args.ok_requests, args.hang_file, args.kind)
     server.rate, server.stall_at, server.lying = args.rate, args.stall_at, args.lying
+    server.gpu = FakeGpu(args.gpu_dir)
+    server.gpu.spin = args.gpu_spin
     # Laid out as mlx_lm.server's threads are: a generation thread beside the HTTP ones, so a
     # stack sample (py-spy) finds one, as on the real server; `--no-generation-thread` loses it.
     if not args.no_generation_thread:

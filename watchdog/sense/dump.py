@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from mlx_watchdog.sense import platform
 from mlx_watchdog.sense.files import open_regular
 
 BUDGET = 2.0  # seconds the whole dump may delay a restart
@@ -86,7 +87,7 @@ def stack_command(pid: int) -> list[str] | None:
     where py-spy needs root, `sample` for a user."""
     beside = Path(sys.executable).parent / "py-spy"
     spy = str(beside) if beside.exists() else shutil.which("py-spy")
-    mac = sys.platform == "darwin"
+    mac = platform.is_mac()
     if mac and os.geteuid() != 0 and shutil.which("sample"):
         return ["sample", str(pid), "1", "-file", "/dev/stdout"]
     return None if spy is None else [spy, "dump", "--pid", str(pid)]

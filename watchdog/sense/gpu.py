@@ -58,7 +58,7 @@ def parse(data: bytes, pid: int) -> int:
         raise Unreadable("ioreg printed nothing (no GPU client on this machine)")
     try:
         doc = plistlib.loads(data, fmt=plistlib.FMT_XML)
-    except Exception as exc:  # noqa: BLE001 - expat, binascii, ValueError: all mean garbage
+    except Exception as exc:  # expat's, binascii's, ValueError: each means garbage
         raise Unreadable(f"ioreg's answer is not a property list ({type(exc).__name__})") from None
     total, clients = 0, 0
     for entry in _entries(doc, DEPTH):

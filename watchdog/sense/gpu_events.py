@@ -7,9 +7,10 @@ corroborates, never a cause alone (judge/cause.py).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from mlx_watchdog.sense import platform
 
 LISTED_MAX = 2000  # entries a folder listing reads at most
 KEPT = 3  # report names kept, newest first
@@ -19,7 +20,7 @@ GpuEvents = Callable[[float], tuple[str, ...]]  # since (wall time) -> report na
 
 def report_folders(home: Path | None = None) -> tuple[Path, ...]:
     """Where macOS writes them; none elsewhere (Linux records a reset in the kernel's log)."""
-    if sys.platform != "darwin":
+    if not platform.is_mac():
         return ()
     system = Path("/Library/Logs/DiagnosticReports")
     user = (home or Path.home()) / "Library/Logs/DiagnosticReports"

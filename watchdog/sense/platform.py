@@ -14,7 +14,7 @@ KNOWN = ("darwin", "linux")
 
 
 def name() -> str:
-    """"darwin" or "linux" (any other system is read as Linux is: psutil's view only)."""
+    """ "darwin" or "linux" (any other system is read as Linux is: psutil's view only)."""
     asked = os.environ.get(VARIABLE, "").strip().lower()
     if asked in KNOWN:
         return asked

@@ -38,9 +38,7 @@ class ProcessTable:
     """The few psutil calls the watchdog makes, and on Linux the kernel's socket table for
     one port (sense/sockdiag.py) in place of psutil's read of every socket."""
 
-    def __init__(
-        self, *, mac: bool | None = None, netstat_run: netstat.Run | None = None
-    ) -> None:
+    def __init__(self, *, mac: bool | None = None, netstat_run: netstat.Run | None = None) -> None:
         self.mac = platform.is_mac() if mac is None else mac
         # Until the kernel's socket diagnostics fail once: psutil then on (never on a Mac).
         self.diag = not self.mac

@@ -12,12 +12,12 @@ normal process's 31: MemPalace PR #2507). On Linux a unit's `Nice=`, `CPUSchedul
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from mlx_watchdog.sense import platform
 from mlx_watchdog.sense.progress import bounded_run
 
 NICE_CLAMPS = 5  # a nice value from which the process gets visibly less CPU than its peers
@@ -30,7 +30,7 @@ Clamp = Callable[[int], "str | None"]  # a PID -> how the OS holds it back, in w
 def clamp(pid: int, *, root: Path = Path("/")) -> str | None:
     """How the operating system holds this process back, in words; None when it does not (or
     cannot be read)."""
-    if sys.platform == "darwin":
+    if platform.is_mac():
         return _mac_priority(pid)
     said: list[str] = []
     try:
