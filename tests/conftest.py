@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import sqlite3
@@ -326,6 +327,17 @@ def module_bad_server(
 
 
 # -- the daemon's surroundings -------------------------------------------------------------
+
+
+def system_tool(name: str, package: str | None = None) -> str:
+    """A Debian package's program: skipped where missing, a fault under CI (.ci/run installs
+    it)."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing (apt-get install {package or name})")
+        pytest.skip(f"needs {name} (Debian's package {package or name})")
+    return found
 
 
 def gone(pid: int) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -29,7 +28,7 @@ from tests.balancing import (
     watching,
 )
 from tests.builders import QUICK_TOML, badserver_argv, command_server
-from tests.conftest import DaemonThread, free_port, listens, until
+from tests.conftest import DaemonThread, free_port, listens, system_tool, until
 from tests.pageday import NOW, changed, status_doc
 
 ROOT = Path(__file__).parent.parent
@@ -175,17 +174,6 @@ def test_doctor_finds_the_seeds_traps_in_an_nginx_config(tmp_path: Path) -> None
     assert said[0][0] == "ok"
     missing = list(findings(tmp_path / "none.cfg", config, {}, set()))
     assert missing[0][0] == "problem" and "cannot read" in missing[0][1]
-
-
-def system_tool(name: str) -> str:
-    """A Debian package's program: skipped where missing, a fault under CI (.ci/run installs
-    it)."""
-    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing (apt-get install {name})")
-        pytest.skip(f"needs {name} (Debian's package)")
-    return found
 
 
 @pytest.fixture

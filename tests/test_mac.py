@@ -11,6 +11,7 @@ import logging
 import os
 import plistlib
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +31,11 @@ from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense import gpu, netstat, platform
 from mlx_watchdog.sense.findings import Work
 from mlx_watchdog.sense.observation import Observation
+from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.work import WorkMeter, computes_on
 from tests.builders import badserver_argv, watchdog_config, watched
-from tests.conftest import DaemonThread, free_port, until
+from tests.conftest import DaemonThread, Running, free_port, system_tool, until
 from tests.judging import MODELS_OK, T0, S, proc, waiting
 
 MACOS = Path(__file__).parent / "data" / "macos"
@@ -467,3 +469,49 @@ def test_a_hung_gpu_under_abandoned_work_is_restarted_on_its_flat_gpu_time(
     said = json.dumps(incident.actions)
     assert "its GPU is idle" in said, said
     assert "waiting longer would cost more" not in said, said
+
+
+@pytest.mark.parametrize(
+    ("netstat_mode", "layout", "counted"),
+    [("", "26", True), ("", "15", True), ("", "14", False), ("garbage", "26", False)],
+)
+def test_bytes_per_connection_on_a_mac_come_from_netstat(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bad_server: Callable[..., Running],
+    netstat_mode: str,
+    layout: str,
+    counted: bool,
+) -> None:
+    """A client's request size, read as on a Mac: netstat's rxbytes for the server's side of
+    its connection (the real connection, printed by the stand-in in each macOS layout). Where
+    netstat prints none (macOS 14) or garbage, the size is unknown and the reason is kept."""
+    system_tool("ss", "iproute2")
+    on_a_mac(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_NETSTAT", netstat_mode)
+    monkeypatch.setenv("FAKE_NETSTAT_LAYOUT", layout)
+    monkeypatch.setenv("FAKE_NETSTAT_NAME", "Python Server")  # a name with a space
+    srv = bad_server("hang")
+    table = ProcessTable()
+    assert table.mac and not table.diag
+    inspector = Inspector(watched(srv.url), table=table)
+    body = b"x" * 5000
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + body
+    )
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(request)
+        seen = until(lambda: inspector.sample(srv.proc.pid).clients, 10, "the client")
+        assert isinstance(seen, tuple)
+        if counted:
+            sized = until(
+                lambda: [x for x in inspector.sample(srv.proc.pid).clients if x.received],
+                10,
+                "the request's size",
+            )
+            assert isinstance(sized, list) and [x.received for x in sized] == [len(request)]
+            assert table.bytes_problem == ""
+        else:
+            (client,) = inspector.sample(srv.proc.pid).clients
+            assert client.status == "live" and client.received is None
+            assert (table.bytes_problem != "") == (netstat_mode == "garbage")

@@ -1,0 +1,220 @@
+"""The macOS signs, measured on Linux through the stand-ins of tests/fakes/mac/ (no Mac here).
+
+    python bench/mac_signs.py [--quick] [--json out.json]
+
+1. What a reading costs the watchdog: one GPU-time reading (`ioreg -a`, parsed) and one
+   netstat reading (`netstat -anv -p tcp`, parsed), CPU and wall per reading, the command's
+   process included (its children's CPU), with 1 and 20 processes holding the GPU.
+2. A Mac-like server (tests/badserver.py --mode gpu: its prefill waits, near 0 % CPU, while its
+   GPU time climbs) under the daemon with MLX_WATCHDOG_PLATFORM=darwin:
+   - a live client's long prefill (30 s; 10 s with --quick): restarts, and the verdicts said;
+   - an abandoned long prompt, waited for while the GPU works on it, then the GPU hangs:
+     seconds and looks from the hang to the restart (the unknown-work bound alone would wait
+     out the restart's cost, 30 s until one is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlx_watchdog.config import parse_config  # noqa: E402
+from mlx_watchdog.daemon import Daemon  # noqa: E402
+from mlx_watchdog.sense import gpu, netstat, platform  # noqa: E402
+from tests.builders import badserver_argv, watchdog_config  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+FAKES = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "mac"
+RATE = 1000
+INTERVAL = 0.25
+WEDGE_AFTER = 2.0
+
+
+def cpu_now() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def cost(read: Any, n: int) -> dict[str, float]:
+    cpus, walls = [], []
+    for _ in range(n):
+        c0, w0 = cpu_now(), time.perf_counter()
+        read()
+        cpus.append(cpu_now() - c0)
+        walls.append(time.perf_counter() - w0)
+    return {
+        "cpu_ms_median": round(statistics.median(cpus) * 1000, 2),
+        "cpu_ms_max": round(max(cpus) * 1000, 2),
+        "wall_ms_median": round(statistics.median(walls) * 1000, 2),
+    }
+
+
+def costs(folder: Path, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for holders in (1, 20):
+        for f in folder.glob("*.gpu"):
+            f.unlink()
+        for i in range(holders):
+            (folder / f"{100000 + i}.gpu").write_text(f"{i * 1000} {time.time_ns()}\n")
+        out[f"gpu, {holders} process(es) on the GPU"] = cost(lambda: gpu.gpu_time_ns(100000), n)
+    out["netstat, this machine's connections"] = cost(netstat.read, max(5, n // 4))
+    return out
+
+
+def server(port: int, folder: Path) -> dict[str, Any]:
+    return {
+        "name": "mac",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": badserver_argv(port, "gpu", "--gpu-dir", str(folder), "--rate", str(RATE)),
+        "probe": {
+            "slow_after": "500ms",
+            "wedge_after": f"{WEDGE_AFTER:g}s",
+            "max_busy": "5m",
+            "startup_grace": "10s",
+            "hard_timeout": "10m",
+        },
+        "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
+    }
+
+
+def ask(port: int, seconds: float, leave_after: float | None = None) -> str:
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * int(seconds * RATE * 4)}]})
+    try:
+        with httpx.Client(timeout=httpx.Timeout(leave_after or seconds * 3 + 30)) as c:
+            r = c.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=body)
+            return f"served ({r.status_code})"
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+
+
+def until(check: Any, timeout: float, what: str) -> None:
+    ends = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > ends:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Running:
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        doc = watchdog_config(
+            folder / "state", [server(self.port, folder)], interval=f"{INTERVAL * 1000:g}ms"
+        )
+        self.daemon = Daemon(parse_config(doc)).open()
+        self.thread = threading.Thread(
+            target=lambda: self.daemon.run(install_signals=False), daemon=True
+        )
+        self.thread.start()
+        self.store = self.daemon.store
+        until(self.serving, 60, "the first healthy probe")
+        self.pid = int(next(folder.glob("*.gpu")).stem)
+
+    def serving(self) -> bool:
+        if not self.thread.is_alive():
+            raise SystemExit("the watchdog died")
+        return any(p.state == "healthy" for p in self.store.probes("mac", 0.0))
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.thread.join(60)
+
+
+def live_client(folder: Path, seconds: float) -> dict[str, Any]:
+    run = Running(folder)
+    try:
+        started = time.monotonic()
+        got = ask(run.port, seconds)
+        said = [p.reason for p in run.store.probes("mac", 0.0) if p.state in ("busy", "wedged")]
+        return {
+            "prefill_s": seconds,
+            "client": got,
+            "took_s": round(time.monotonic() - started, 1),
+            "restarts": len(run.store.restarts("mac", 0.0)),
+            "wedged_verdicts": sum("wedged" in s for s in said),
+            "last_said": said[-1] if said else "",
+        }
+    finally:
+        run.stop()
+
+
+def hung_gpu(folder: Path) -> dict[str, Any]:
+    run = Running(folder)
+    try:
+        ask(run.port, 120.0, leave_after=0.5)
+        until(lambda: run.store.events("mac", kind="clearing"), 60, "the wait")
+        os.kill(run.pid, signal.SIGUSR1)
+        hung = time.time()
+        until(lambda: run.store.restarts("mac", 0.0), 120, "the restart")
+        after = run.store.restarts("mac", 0.0)[0].at - hung
+        (incident,) = run.store.incidents(0.0)
+        said = incident.actions[-1]["detail"] if incident.actions else ""
+        return {
+            "hang_to_restart_s": round(after, 2),
+            "looks": round(after / INTERVAL, 1),
+            "said": said,
+        }
+    finally:
+        run.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    os.environ[platform.VARIABLE] = "darwin"
+    os.environ["PATH"] = f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        os.environ["FAKE_GPU_DIR"] = str(folder / "costs")
+        (folder / "costs").mkdir()
+        doc: dict[str, Any] = {"costs": costs(folder / "costs", 20 if args.quick else 200)}
+        for what, c in doc["costs"].items():
+            print(
+                f"{what}: {c['cpu_ms_median']} ms CPU a reading (max {c['cpu_ms_max']}), "
+                f"{c['wall_ms_median']} ms wall",
+                flush=True,
+            )
+        os.environ["FAKE_GPU_DIR"] = str(folder / "live")
+        (folder / "live").mkdir()
+        doc["live_client"] = live_client(folder / "live", 10.0 if args.quick else 30.0)
+        r = doc["live_client"]
+        print(
+            f"a live client's {r['prefill_s']:g} s GPU prefill: {r['client']} in {r['took_s']} s, "
+            f"{r['restarts']} restarts, {r['wedged_verdicts']} wedged verdicts; "
+            f"last: {r['last_said']}",
+            flush=True,
+        )
+        os.environ["FAKE_GPU_DIR"] = str(folder / "hung")
+        (folder / "hung").mkdir()
+        doc["hung_gpu"] = hung_gpu(folder / "hung")
+        r = doc["hung_gpu"]
+        print(
+            f"the GPU hangs under abandoned work: restarted {r['hang_to_restart_s']} s "
+            f"({r['looks']} looks of {INTERVAL:g} s) after; {r['said']}",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    main()
