@@ -12,6 +12,8 @@ import os
 import plistlib
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +30,7 @@ from mlx_watchdog.judge.clearing import choose, restart_cost
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.sense import gpu, netstat, platform
+from mlx_watchdog.sense import gpu, netstat, platform, selfdump
 from mlx_watchdog.sense.findings import Work
 from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.process import Inspector, ProcessTable
@@ -515,3 +517,138 @@ def test_bytes_per_connection_on_a_mac_come_from_netstat(
             (client,) = inspector.sample(srv.proc.pid).clients
             assert client.status == "live" and client.received is None
             assert (table.bytes_problem != "") == (netstat_mode == "garbage")
+
+
+# -- stacks without root: the server dumps its own --------------------------------------------
+
+SERVER_LIKE = """
+import threading, time
+def _generate():
+    threading.Event().wait()
+threading.Thread(target=_generate, name="Thread-1 (_generate)", daemon=True).start()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_python_server_is_run_through_the_launcher_and_anything_else_as_it_is(
+    tmp_path: Path,
+) -> None:
+    python = sys.executable
+    assert selfdump.wrap([python, "-m", "mlx_lm", "server", "--port", "8080"]) == (
+        python,
+        str(selfdump.LAUNCHER),
+        "-m",
+        "mlx_lm",
+        "server",
+        "--port",
+        "8080",
+    )
+    script = tmp_path / "bin" / "mlx_lm.server"
+    script.parent.mkdir()
+    script.write_text(f"#!{python}\nimport sys\n")
+    script.chmod(0o755)
+    env = {"PATH": str(script.parent)}
+    assert selfdump.wrap(["mlx_lm.server", "--model", "m"], env) == (
+        python,
+        str(selfdump.LAUNCHER),
+        str(script),
+        "--model",
+        "m",
+    )
+    (tmp_path / "bin" / "via-env").write_text("#!/usr/bin/env python3\n")
+    (tmp_path / "bin" / "via-env").chmod(0o755)
+    env_python = selfdump.wrap(["via-env"], {"PATH": f"{script.parent}:{_path()}"})
+    assert env_python is not None and Path(env_python[0]).name == "python3"
+    binary = tmp_path / "bin" / "llama-server"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01")
+    binary.chmod(0o755)
+    assert selfdump.wrap(["llama-server", "-m", "x.gguf"], env) is None
+    assert selfdump.wrap([python, "-u", "-m", "mlx_lm"]) is None  # flags it does not know
+    assert selfdump.wrap(["no-such-program"], env) is None
+    assert selfdump.wrap([]) is None
+
+
+def test_a_launched_server_dumps_every_threads_stack_to_its_log_on_demand(
+    tmp_path: Path,
+) -> None:
+    script, log = tmp_path / "server_like.py", tmp_path / "server.log"
+    script.write_text(SERVER_LIKE)
+    argv = selfdump.wrap([sys.executable, str(script)])
+    assert argv is not None
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=fh)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        text, problem = selfdump.dump(proc.pid, log)
+        assert problem is None and text is not None
+        threads = selfdump.parse(text)
+        assert threads is not None and len(threads) == 2
+        (gen,) = [t for t in threads if t.generates]
+        assert gen.frames[0] == "wait" and "_generate" in gen.frames
+        assert proc.poll() is None  # the signal only asked: the server goes on
+        again, _ = selfdump.dump(proc.pid, log)  # a second dump reads only the new one
+        assert again is not None and again.count("most recent call first") == 2
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_process_not_started_through_the_launcher_is_never_signalled(tmp_path: Path) -> None:
+    sent: list[tuple[int, int]] = []
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        text, problem = selfdump.dump(
+            proc.pid, tmp_path / "log", kill=lambda pid, sig: sent.append((pid, sig))
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert text is None and problem is not None and "not started through" in problem
+    assert sent == []
+
+
+def test_faulthandler_dumps_cut_short_or_garbage_read_as_threads_or_none() -> None:
+    dump = (
+        "Thread 0x00007f2b3c9ff6c0 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 355 in wait\n'
+        '  File "/x/mlx_lm/server.py", line 811 in _generate\n'
+        "\n"
+        "Current thread 0x00007f2b4d1e8740 (most recent call first):\n"
+        '  File "/x/mlx_lm/server.py", line 1700 in main\n'
+    )
+    threads = selfdump.parse(dump)
+    assert threads is not None and [t.frames for t in threads] == [
+        ("wait", "_generate"),
+        ("main",),
+    ]
+    for end in range(len(dump)):
+        cut = selfdump.parse(dump[:end])
+        assert cut is None or 1 <= len(cut) <= 2
+    assert selfdump.parse("garbage\n\x00 File") is None
+
+
+def test_a_hung_gpu_with_no_client_is_a_deadlock_told_by_the_servers_own_stack(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """On a Mac (py-spy needs root, `sample` has no Python frames) the server the watchdog runs
+    dumps its own stacks through the launcher: with its GPU time flat and its generation thread
+    there, nothing moving and no client, the cause is a deadlock, named from that stack."""
+    on_a_mac(monkeypatch, tmp_path)
+    port = free_port()
+    config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
+    t = run_daemon(Daemon(config).open())
+    store = t.daemon.store
+    until(lambda: serving(store), 30, "the first healthy probe")
+    pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    assert selfdump.launched(psutil.Process(pid).cmdline())
+    os.kill(pid, signal.SIGUSR1)  # the GPU hangs: the next probe waits for good
+    until(lambda: store.restarts("mac", 0.0), 60, "the restart")
+    (incident,) = store.incidents(0.0)
+    t.stop()
+    assert incident.evidence.get("cause") == "deadlock", incident.reason
+    assert "its generation thread sits in" in incident.reason, incident.reason
+    assert "GPU" in incident.reason, incident.reason

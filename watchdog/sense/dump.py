@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from mlx_watchdog.sense import platform
+from mlx_watchdog.sense import platform, selfdump
 from mlx_watchdog.sense.files import open_regular
 
 BUDGET = 2.0  # seconds the whole dump may delay a restart
@@ -68,7 +68,11 @@ def take(
     start = mono()
     tail, log_problem = _log_tail(log_file)
     sockets = _sockets(pid)
-    stack, stack_problem = stack_text(pid, max(0.1, budget - (mono() - start)), run)
+    stack, stack_problem = None, None
+    if pid is not None and log_file is not None and (platform.is_mac() or not stack_command(pid)):
+        stack, stack_problem = selfdump.dump(pid, log_file)  # its own, where no tool serves
+    if stack is None:
+        stack, stack_problem = stack_text(pid, max(0.1, budget - (mono() - start)), run)
     return Dump(
         at=wall(),
         pid=pid,

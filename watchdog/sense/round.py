@@ -322,7 +322,9 @@ class Checker:
             return Signs(other_model=other) if other is not None else None
         local = self.inspector.local
         return Signs(
-            stack=self.stacker.sample(pid) if suspected and local else None,
+            stack=self.stacker.sample(pid, process.cmdline, self.server.log_file)
+            if suspected and local
+            else None,
             errors=tuple(self.progress.errors),
             work=tuple(self.work_over_wait),
             work_on=work.on,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mlx_watchdog.sense import platform, selfdump
 from mlx_watchdog.sense.dump import RunCommand, stack_command, stack_text
 from mlx_watchdog.sense.signs import StackSample, ThreadStack
 from mlx_watchdog.sense.text import printable
@@ -56,6 +57,15 @@ def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
     return tuple(threads) if threads else None
 
 
+OWN = "faulthandler"  # the server's own dump, through the watchdog's launcher
+
+
+def own_first(pid: int | None, command: Callable[[int], list[str] | None]) -> bool:
+    """The server's own dump before a tool: on a Mac (py-spy needs root there, `sample` has no
+    Python frames), or where no tool is installed."""
+    return platform.is_mac() or pid is None or command(pid) is None
+
+
 class Stacker:
     """Samples one server's stacks, rate-limited; `run` and `mono` are injectable."""
 
@@ -71,14 +81,31 @@ class Stacker:
         self.last: StackSample | None = None
         self._at: float | None = None
 
-    def sample(self, pid: int | None) -> StackSample | None:
-        """A fresh sample when the last is older than `every`, else the last (None: never)."""
+    def sample(
+        self, pid: int | None, cmdline: tuple[str, ...] = (), log: Path | None = None
+    ) -> StackSample | None:
+        """A fresh sample when the last is older than `every`, else the last (None: never).
+        `cmdline` and `log`: the process's, for a server that dumps its own stacks."""
         now = self.mono()
         if self._at is not None and now - self._at < self.every:
             return self.last
         self._at = now
-        self.last = self._take(pid)
+        own = pid is not None and log is not None and selfdump.launched(cmdline)
+        got = self._own(pid, log) if own and own_first(pid, self.command) else None
+        self.last = got if got is not None and got.threads is not None else self._take(pid)
         return self.last
+
+    @staticmethod
+    def _own(pid: int | None, log: Path | None) -> StackSample:
+        if pid is None or log is None:
+            return StackSample(None, "no server process", OWN)
+        text, problem = selfdump.dump(pid, log)
+        if text is None:
+            return StackSample(None, problem, OWN)
+        threads = selfdump.parse(text)
+        if threads is None:
+            return StackSample(None, "its dump held no threads", OWN)
+        return StackSample(threads, None, OWN)
 
     def forget(self) -> None:
         self.last, self._at = None, None

@@ -8,6 +8,7 @@ spawning a second server onto a busy port, and never signals a stranger with a r
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import psutil
 
 from mlx_watchdog.act.managers.base import Outcome, System, wait_for
 from mlx_watchdog.config import ServerConfig
+from mlx_watchdog.sense import selfdump
 from mlx_watchdog.sense.files import create_new, open_append, open_regular
 
 
@@ -66,12 +68,20 @@ class ProcessManager:
             self.server.log_file.parent.mkdir(parents=True, exist_ok=True)
             log = open_append(self.server.log_file)
         try:
-            self._child = self.system.spawn(self.server.command, self.server.env, log)
+            self._child = self.system.spawn(self.command(), self.server.env, log)
         finally:
             if log is not None:
                 log.close()
         self._adopted = None
         self._write_record(self._child.pid)
+
+    def command(self) -> tuple[str, ...]:
+        """The server's command, run through the stack launcher where it is a Python server
+        whose log the watchdog keeps (its stacks then need no root: sense/selfdump.py)."""
+        argv = self.server.command
+        if self.server.log_file is None:
+            return tuple(argv)
+        return selfdump.wrap(argv, {**os.environ, **self.server.env}) or tuple(argv)
 
     def stop(self) -> None:
         self._stop()
