@@ -30,7 +30,7 @@ from mlx_watchdog.judge.clearing import choose, restart_cost
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.record.store import Store
-from mlx_watchdog.sense import gpu, netstat, platform, selfdump
+from mlx_watchdog.sense import gpu, netstat, platform, selfdump, unified_log
 from mlx_watchdog.sense.findings import Work
 from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.process import Inspector, ProcessTable
@@ -652,3 +652,77 @@ def test_a_hung_gpu_with_no_client_is_a_deadlock_told_by_the_servers_own_stack(
     assert incident.evidence.get("cause") == "deadlock", incident.reason
     assert "its generation thread sits in" in incident.reason, incident.reason
     assert "GPU" in incident.reason, incident.reason
+
+
+# -- the unified log --------------------------------------------------------------------------
+
+
+def unified_entry(pid: int, message: str) -> str:
+    return json.dumps(
+        {"timestamp": "2026-12-07 12:00:00.0+0000", "processID": pid, "eventMessage": message}
+    )
+
+
+def test_the_unified_logs_gpu_failures_are_read_for_the_servers_pid_only() -> None:
+    said = " ".join((MACOS / "unifiedlog_IOGPUMetalError_oom_mlxserve321.txt").read_text().split())
+    text = "\n".join(
+        (
+            unified_entry(7, said),
+            unified_entry(8, said),  # another process's failure
+            unified_entry(7, "an unrelated message of the process"),
+            '{"count":3,"finished":1}',
+            "garbage {",
+        )
+    )
+    (found,) = unified_log.parse(text, 7)
+    assert found.kind == "metal" and "kIOGPUCommandBufferCallbackErrorOutOfMemory" in found.line
+    for end in range(0, len(text), 5):
+        assert len(unified_log.parse(text[:end], 7)) <= 1
+    assert unified_log.parse("", 7) == ()
+
+
+def test_the_unified_log_is_read_at_most_every_30_s_and_a_failing_log_is_said() -> None:
+    clock, calls = Clock(), []
+
+    def run(argv: list[str]) -> tuple[int, bytes, bytes]:
+        calls.append(argv)
+        return 0, (unified_entry(7, "GPU Timeout Error (00000002:x)") + "\n").encode(), b""
+
+    reader = unified_log.UnifiedLog(run=run, mono=clock, mac=True)
+    assert len(reader.read(7, 12.3)) == 1 and len(reader.read(7, 13.0)) == 1
+    assert len(calls) == 1 and calls[0][:4] == ["log", "show", "--last", "13s"]
+    assert "processID == 7 AND (" in calls[0][-1]
+    clock.t += unified_log.EVERY
+    reader.read(7, 50.0)
+    assert len(calls) == 2
+    failing = unified_log.UnifiedLog(
+        run=lambda argv: (1, b"", b"log: Could not open log archive\n"), mac=True
+    )
+    assert failing.read(7, 5.0) == () and "Could not open log archive" in failing.problem
+    assert unified_log.UnifiedLog(run=run, mac=False).read(7, 5.0) == ()
+
+
+def test_a_metal_death_only_macos_logged_names_the_cause(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """mlx-serve #321: the GPU fails, the server's own log says nothing, /health answers 200;
+    only macOS's unified log has it. Read for the server's PID while the wedge is suspected, it
+    names the cause, and the server is restarted at once."""
+    on_a_mac(monkeypatch, tmp_path)
+    monkeypatch.setenv(
+        "FAKE_UNIFIED_LOG", str(MACOS / "unifiedlog_IOGPUMetalError_oom_mlxserve321.txt")
+    )
+    port = free_port()
+    config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
+    t = run_daemon(Daemon(config).open())
+    store = t.daemon.store
+    until(lambda: serving(store), 30, "the first healthy probe")
+    pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    os.kill(pid, signal.SIGUSR1)
+    until(lambda: store.restarts("mac", 0.0), 60, "the restart")
+    (incident,) = store.incidents(0.0)
+    t.stop()
+    assert incident.evidence.get("cause") == "metal_error", incident.reason
+    assert "macOS's log for its process: IOGPUMetalError" in incident.reason

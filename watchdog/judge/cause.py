@@ -163,9 +163,13 @@ def _thread_gone(f: Facts, s: Signs) -> Diagnosis | None:
 
 
 def _metal(f: Facts, s: Signs) -> Diagnosis | None:
-    """A Metal failure the log names, held up by a sign no client writes: the server answered
-    the watchdog's own request wrongly (dead), its process is gone, its health route or stack
-    lost the generation thread, or it sits idle with nothing moving."""
+    """A Metal failure macOS's unified log wrote for the failing process (its own words: no
+    client writes there); or one the server's log names, held up by a sign no client writes:
+    the server answered the watchdog's own request wrongly (dead), its process is gone, its
+    health route or stack lost the generation thread, or it sits idle with nothing moving."""
+    system = next((e.line for e in s.system_errors if e.kind == "metal"), None)
+    if system is not None and f.state in ("wedged", "dead", "down"):
+        return Diagnosis(Cause.METAL_ERROR, f"macOS's log for its process: {system}")
     said = next((e.line for e in s.errors if e.kind == "metal"), None)
     if said is None:
         return None

@@ -207,7 +207,7 @@ def _waiting(obs: Observation, s: ProbeSettings, now: float) -> Judged:
 def _stated(obs: Observation, s: ProbeSettings, now: float) -> bool:
     """The server's log states a failure no wait cures (a thread's death, a Metal error) and a
     sign no client writes holds it up: judged at the look that shows both."""
-    if obs.signs is None or not obs.signs.errors:
+    if obs.signs is None or not (obs.signs.errors or obs.signs.system_errors):
         return False
     return cause_of(obs, State.WEDGED, s, now).cause in STATED
 

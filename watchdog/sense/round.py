@@ -31,6 +31,7 @@ from mlx_watchdog.sense.progress import LogProgress, progress_reader, progress_u
 from mlx_watchdog.sense.sched import Clamp, MachineLoad, clamp
 from mlx_watchdog.sense.signs import OtherModel, Signs
 from mlx_watchdog.sense.stack import Stacker
+from mlx_watchdog.sense.unified_log import UnifiedLog
 from mlx_watchdog.sense.work import Work, WorkMeter
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
@@ -87,6 +88,7 @@ class Checker:
         gpu_reports: GpuEvents = gpu_events,
         clamp_of: Clamp = clamp,
         work: WorkMeter | None = None,
+        unified: UnifiedLog | None = None,
     ) -> None:
         self.server = server
         self.left = left or Unkept()
@@ -118,6 +120,7 @@ class Checker:
         self.side: Probe | None = None
         self.side_tried = False
         self.work = work or WorkMeter(server, mono=mono)
+        self.unified = unified or UnifiedLog(mono=mono)
         self.work_over_wait: list[float] = []
         self.loading_since: float | None = None  # the first of an unbroken run of "loading"
         self.looked: tuple[float, ProcessSample, LoadReport | None] | None = None  # full look
@@ -307,6 +310,7 @@ class Checker:
             self.work_over_wait.clear()
             self.memory.reset()
             self.stacker.forget()
+            self.unified.forget()
             self.side, self.side_tried = None, False
             return None
         if work.percent is not None and not snap.done:
@@ -326,6 +330,7 @@ class Checker:
             if suspected and local
             else None,
             errors=tuple(self.progress.errors),
+            system_errors=self.unified.read(process.pid, waited) if suspected and local else (),
             work=tuple(self.work_over_wait),
             work_on=work.on,
             machine=self.memory.look() if suspected and local else None,

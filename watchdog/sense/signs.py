@@ -145,6 +145,9 @@ class Signs:
 
     stack: StackSample | None = None
     errors: tuple[LogError, ...] = ()
+    # GPU failures the system's log wrote for the process (macOS's unified log): the process's
+    # own words, never a client's (sense/unified_log.py)
+    system_errors: tuple[LogError, ...] = ()
     work: tuple[float, ...] = ()  # the work sign (sense/work.py) at each look of the wait
     work_on: str = "cpu"  # where it was read: the CPU or the GPU
     machine: Machine | None = None
