@@ -24,7 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_watchdog.config import parse_config
+from mlx_watchdog.advice.doctor import Finding, run_doctor
+from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.clearing import choose, restart_cost
 from mlx_watchdog.judge.states import State
@@ -37,7 +38,14 @@ from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.work import WorkMeter, computes_on
 from tests.builders import badserver_argv, watchdog_config, watched
-from tests.conftest import DaemonThread, Running, free_port, system_tool, until
+from tests.conftest import (
+    DaemonThread,
+    FakeServices,
+    Running,
+    free_port,
+    system_tool,
+    until,
+)
 from tests.judging import MODELS_OK, T0, S, proc, waiting
 
 MACOS = Path(__file__).parent / "data" / "macos"
@@ -726,3 +734,65 @@ def test_a_metal_death_only_macos_logged_names_the_cause(
     t.stop()
     assert incident.evidence.get("cause") == "metal_error", incident.reason
     assert "macOS's log for its process: IOGPUMetalError" in incident.reason
+
+
+# -- doctor: how launchd runs the job, where the stacks come from -----------------------------
+
+
+def doctor(config: Config, home: Path) -> list[Finding]:
+    return list(run_doctor(config, home=home))
+
+
+def test_doctor_says_how_launchd_runs_the_job_now(
+    tmp_path: Path, fake_services: FakeServices
+) -> None:
+    """`launchctl print`'s spawn type is what runs now (the plist's ProcessType takes effect
+    only once the job is loaded again): the background band is said, interactive is fine."""
+    uid = os.getuid()
+    said: dict[str, Finding] = {}
+    for kind in ("Background", "Interactive", None):
+        label = f"com.example.mlx-{(kind or 'none').lower()}"
+        plist = tmp_path / f"{label}.plist"
+        job = {"Label": label, "ProgramArguments": ["/bin/sleep", "600"]}
+        plist.write_bytes(plistlib.dumps({**job, **({"ProcessType": kind} if kind else {})}))
+        loaded = subprocess.run(["launchctl", "bootstrap", f"gui/{uid}", str(plist)], check=False)
+        assert loaded.returncode == 0
+        server = {
+            "name": "m",
+            "url": "http://127.0.0.1:9",
+            "manager": "launchd",
+            "label": label,
+            "plist": str(plist),
+            "domain": f"gui/{uid}",
+        }
+        raw = {"watchdog": {"state_dir": str(tmp_path / "state")}, "server": [server]}
+        found = [
+            f for f in doctor(parse_config(raw), tmp_path) if "launchd runs its job" in f.detail
+        ]
+        assert len(found) == 1, found
+        said[str(kind)] = found[0]
+    assert said["Background"].level == "warning" and "background (5)" in said["Background"].detail
+    assert said["Interactive"].level == "ok" and "interactive (4)" in said["Interactive"].detail
+    assert said["None"].level == "warning" and "daemon (3)" in said["None"].detail
+
+
+def test_doctor_names_each_servers_stack_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def source(manager: str) -> Finding:
+        server: dict[str, object] = {"name": "m", "url": "http://127.0.0.1:9", "manager": manager}
+        if manager == "process":
+            server["command"] = [sys.executable, "-m", "mlx_lm", "server"]
+        raw = {"watchdog": {"state_dir": str(tmp_path / "state")}, "server": [server]}
+        (found,) = [f for f in doctor(parse_config(raw), tmp_path) if "stacks" in f.detail]
+        return found
+
+    monkeypatch.setenv(platform.VARIABLE, "darwin")
+    monkeypatch.setattr(os, "geteuid", lambda: 501)  # a user, as the watchdog runs on a Mac
+    own = source("process")
+    assert own.level == "ok" and "its own dump" in own.detail
+    none = source("none")
+    assert none.level == "warning" and "py-spy needs root on macOS" in none.detail
+    assert 'manager = "process"' in (none.fix or "")
+    monkeypatch.setenv(platform.VARIABLE, "linux")
+    assert source("none").detail == "its stacks: py-spy"

@@ -119,6 +119,13 @@ def is_domain(target: str) -> bool:
     return target == "system" or (kind in ("gui", "user") and uid.isdigit())
 
 
+SPAWN_TYPES = {
+    "Interactive": "interactive (4)",
+    "Background": "background (5)",
+    "Adaptive": "adaptive (6)",
+}
+
+
 def print_(state: dict[str, Any], target: str) -> int:
     if is_domain(target):
         if target not in domains(state):
@@ -148,7 +155,10 @@ def print_(state: dict[str, Any], target: str) -> int:
     print("\t}")
     print("")
     # A nested block with a pid line of its own: only the job's own `pid =` (one tab) counts.
-    print("\tspawn type = daemon (3)\n\tjetsam properties = {\n\t\tpid = 1\n\t\tpriority = 3\n\t}")
+    # launchd's word for the job's ProcessType: none (or Standard) is a daemon's (hermes-agent
+    # #99563: a LaunchAgent without ProcessType printed "daemon (3)").
+    spawn = SPAWN_TYPES.get(str(job.get("process_type")), "daemon (3)")
+    print(f"\tspawn type = {spawn}\n\tjetsam properties = {{\n\t\tpid = 1\n\t\tpriority = 3\n\t}}")
     if running:
         print(f"\tpid = {job['pid']}")
     print(f"\truns = {job.get('runs', 0)}")
@@ -195,6 +205,7 @@ def load(state: dict[str, Any], domain: str, path: Path, plist: dict[str, Any]) 
         "out": plist.get("StandardOutPath"),
         "err": plist.get("StandardErrorPath"),
         "keep_alive": bool(plist.get("KeepAlive", False)),
+        "process_type": plist.get("ProcessType"),
         "throttle": float(plist.get("ThrottleInterval", 10)),
         "exit_timeout": float(plist.get("ExitTimeOut", 20)),
         "user": plist.get("UserName") if domain == "system" else None,

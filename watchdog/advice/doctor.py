@@ -26,6 +26,8 @@ from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.record.tally import DAY, abandoned_lately
+from mlx_watchdog.sense import platform, selfdump
+from mlx_watchdog.sense.dump import stack_command
 from mlx_watchdog.sense.findings import EMPTY_MODELS_FIX
 from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
@@ -73,6 +75,8 @@ def run_doctor(
             left = left_probes(config.watchdog.state_dir)
             yield from _server(server, store, now(), advice, left, serial)
             yield from _throttle(server, home, clamp_of)
+            yield from _spawn_type(server, system)
+            yield from _stack_source(server)
         if litellm is not None:
             yield from litellm_findings(litellm, config, advice)
         if balancer is not None:
@@ -191,6 +195,72 @@ def _throttle(server: ServerConfig, home: Path, clamp_of: Clamp) -> Iterator[Fin
             f"the system holds its process (PID {found[0] if found else '?'}) back: {held}",
             "run it without the limit (a unit's Nice=, CPUSchedulingPolicy=, CPUQuota=; a "
             "launchd job's ProcessType Interactive)",
+        )
+
+
+def _stack_source(server: ServerConfig) -> Iterator[Finding]:
+    """Where the server's Python stacks come from when a wedge is suspected: its own dump (a
+    server the watchdog starts, through its launcher), py-spy, or nothing (then a deadlock or a
+    lost generation thread is `unknown`)."""
+    if not is_local_host(server.host) or server.behind_proxy:
+        return
+    env = {**os.environ, **server.env}
+    if server.manager == "process" and server.log_file and selfdump.wrap(server.command, env):
+        yield Finding(
+            "ok",
+            server.name,
+            "its stacks: its own dump (faulthandler on SIGURG, through the watchdog's launcher; "
+            "no root, no debugger)",
+        )
+        return
+    tool = stack_command(0)
+    name = tool[0].rsplit("/", 1)[-1] if tool else None
+    if name == "py-spy" and not (platform.is_mac() and os.geteuid() != 0):
+        yield Finding("ok", server.name, "its stacks: py-spy")
+        return
+    said = (
+        "py-spy needs root on macOS and `sample` shows native frames only"
+        if platform.is_mac()
+        else "py-spy is not installed"
+    )
+    yield Finding(
+        "warning",
+        server.name,
+        f"its Python stacks cannot be read ({said}): a deadlock or a lost generation thread "
+        "is then `unknown`",
+        'let the watchdog start it (manager = "process": its own stack dump, no root)',
+    )
+
+
+def _spawn_type(server: ServerConfig, system: System) -> Iterator[Finding]:
+    """How launchd runs the loaded job now (`launchctl print`'s spawn type): what the plist
+    says takes effect only once the job is loaded again."""
+    if server.manager != "launchd" or not server.label:
+        return
+    from mlx_watchdog.act.managers.launchd import job_info
+
+    target = f"{server.domain or f'gui/{system.uid()}'}/{server.label}"
+    info = job_info(system, target)
+    if info is None or info.spawn_type is None:
+        return
+    if info.spawn_type.startswith("background"):
+        yield Finding(
+            "warning",
+            server.name,
+            f"launchd runs its job in the background band (launchctl print {target}: spawn "
+            f"type = {info.spawn_type}): CPU, I/O and the GPU's priority held back (decode 11 "
+            "tokens/s against 87 as Interactive: nix-ai #916)",
+            THROTTLE_FIX.format(server.plist or f"its plist ({server.label})"),
+        )
+    elif info.spawn_type.startswith("interactive"):
+        yield Finding("ok", server.name, f"launchd runs its job as {info.spawn_type}")
+    else:
+        yield Finding(
+            "warning",
+            server.name,
+            f"launchd runs its job as {info.spawn_type} (launchctl print {target}): light "
+            "resource limits, CPU and I/O throttled",
+            THROTTLE_FIX.format(server.plist or f"its plist ({server.label})"),
         )
 
 

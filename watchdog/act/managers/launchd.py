@@ -28,6 +28,9 @@ BOOTSTRAP_RETRY = 30.0
 # The job's own lines are one tab deep; nested blocks (jetsam, endpoints) are deeper.
 _PID = re.compile(r"^\tpid = (\d+)\s*$", re.MULTILINE)
 _STATE = re.compile(r"^\tstate = (.+?)\s*$", re.MULTILINE)
+# How launchd runs it: "daemon (3)" (no ProcessType, or Standard: light limits), "interactive
+# (4)", "background (5)" (CPU, I/O and the GPU's priority held back), "adaptive (6)".
+_SPAWN = re.compile(r"^\tspawn type = (\w+) \((\d+)\)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -37,17 +40,20 @@ class JobInfo:
     pid: int | None
     running: bool
     problem: str | None = None  # what was not understood
+    spawn_type: str | None = None  # "background (5)"; None: not said
 
 
 def parse_print(out: str) -> JobInfo:
     pid = _PID.search(out)
     state = _STATE.search(out)
+    spawn = _SPAWN.search(out)
+    spawn_type = f"{spawn.group(1)} ({spawn.group(2)})" if spawn else None
     if state is None:
         return JobInfo(None, False, "no `state =` line in launchctl print's output")
     running = state.group(1) == "running"
     if running and pid is None:
-        return JobInfo(None, False, "state = running but no `pid =` line")
-    return JobInfo(int(pid.group(1)) if pid and running else None, running)
+        return JobInfo(None, False, "state = running but no `pid =` line", spawn_type)
+    return JobInfo(int(pid.group(1)) if pid and running else None, running, None, spawn_type)
 
 
 def job_info(system: System, target: str) -> JobInfo | None:
