@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlx_watchdog.advice.doctor import Finding, run_doctor
-from mlx_watchdog.config import Config, parse_config
+from mlx_watchdog.config import Config, ConfigError, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.judge.clearing import choose, restart_cost
 from mlx_watchdog.judge.states import State
@@ -796,3 +796,9 @@ def test_doctor_names_each_servers_stack_source(
     assert 'manager = "process"' in (none.fix or "")
     monkeypatch.setenv(platform.VARIABLE, "linux")
     assert source("none").detail == "its stacks: py-spy"
+
+
+def test_a_compute_key_of_another_value_is_an_error_naming_key_and_value() -> None:
+    raw = {"server": [{"name": "m", "url": "http://127.0.0.1:9", "compute": "metal"}]}
+    with pytest.raises(ConfigError, match='compute = "metal" must be one of: auto, cpu, gpu'):
+        parse_config(raw)

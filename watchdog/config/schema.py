@@ -116,7 +116,8 @@ class ProbeSettings:
     idle_cpu_percent: float = setting(
         1.0,
         parse=float_range(0.0, 100.0),
-        doc="below this, connected clients are not being served",
+        doc="below this share of a core (or of the GPU's time, where the server computes "
+        "there), connected clients are not being served",
     )
     skip_on_traffic: bool = setting(
         True,
