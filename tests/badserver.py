@@ -425,9 +425,17 @@ class Handler(socketserver.BaseRequestHandler):
         sock.close()
 
 
+def uptime_ns() -> int:
+    """The clock the fake ioreg reads (/proc/uptime, 10 ms steps): the same source, whatever
+    a container makes of it."""
+    with open("/proc/uptime") as fh:
+        up = fh.read().split()[0]
+    return int(up.replace(".", "")) * 10_000_000
+
+
 class FakeGpu:
     """This process's GPU time, kept where the fake ioreg reads it: the time so far (ns) and
-    since when it climbs (0: idle), on the wall clock the fake reads (`date +%s%N`)."""
+    since when it climbs (0: idle), on the boot clock the fake reads (/proc/uptime)."""
 
     def __init__(self, folder: str | None) -> None:
         self.path = os.path.join(folder, f"{os.getpid()}.gpu") if folder else None
@@ -437,7 +445,7 @@ class FakeGpu:
 
     def busy(self, on: bool) -> None:
         with self.lock:
-            now = time.time_ns()
+            now = uptime_ns()
             if on and not self.since:
                 self.since = now
             elif not on and self.since:

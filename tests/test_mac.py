@@ -37,7 +37,7 @@ from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.work import WorkMeter, computes_on
-from tests.builders import badserver_argv, watchdog_config, watched
+from tests.builders import badserver_argv, restarts_took, watchdog_config, watched
 from tests.conftest import (
     DaemonThread,
     FakeServices,
@@ -460,20 +460,22 @@ def test_a_hung_gpu_under_abandoned_work_is_restarted_on_its_flat_gpu_time(
     within a few looks, long before the bound, and the server is restarted."""
     on_a_mac(monkeypatch, tmp_path)
     port = free_port()
+    restarts_took(tmp_path / "state", "mac", 60.0)  # the wait's bound: a restart costs 60 s
     config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
     t = run_daemon(Daemon(config).open())
     store = t.daemon.store
     until(lambda: serving(store), 30, "the first healthy probe")
     pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    since = time.time()
     assert ask(port, 60.0, leave_after=0.5).get("error")  # it gives up; the server works on
 
     def waits() -> bool:
         return bool(store.events("mac", kind="clearing"))
 
     until(waits, 30, "the abandoned work to be waited for")
-    assert store.restarts("mac", 0.0) == []
+    assert store.restarts("mac", since) == []
     os.kill(pid, signal.SIGUSR1)  # the GPU hangs
-    until(lambda: store.restarts("mac", 0.0), 30, "the restart")
+    until(lambda: store.restarts("mac", since), 30, "the restart")
     (incident,) = store.incidents(0.0)
     t.stop()
     said = json.dumps(incident.actions)
