@@ -18,6 +18,7 @@ import pytest
 from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.config import load_config, to_toml
+from mlx_watchdog.sense import selfdump
 from tests.conftest import FakeServices, User, free_port, gone, mlx_watchdog, until
 
 
@@ -96,10 +97,23 @@ def test_server_plist_runs_mlx_lm_with_its_model_env(home: Path) -> None:
     )
     assert plan.content is not None
     data = plistlib.loads(plan.content)
+    # through the stack launcher: the server dumps its own stacks, no root needed
     assert data["ProgramArguments"] == [
-        "/v/bin/python", "-m", "mlx_lm", "server",
+        "/v/bin/python", str(selfdump.LAUNCHER), "-m", "mlx_lm", "server",
         "--model", "/m/qwen", "--port", "8081", "--draft-model", "/m/draft",
     ]  # fmt: skip
+        "/v/bin/python",
+        str(selfdump.LAUNCHER),
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        "/m/qwen",
+        "--port",
+        "8081",
+        "--draft-model",
+        "/m/draft",
+    ]  # fmt: skip  (through the stack launcher: its own stacks, no root)
     assert data["ProcessType"] == "Interactive"
     assert data["EnvironmentVariables"] == {
         "PATH": "/usr/bin",

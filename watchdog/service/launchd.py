@@ -15,6 +15,7 @@ from typing import Any
 
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.act.managers.launchd import IN_PROGRESS, NOT_LOADED, domain_exists
+from mlx_watchdog.sense import selfdump
 from mlx_watchdog.service.base import (
     SERVER_ENV,
     STOP_BOUND,
@@ -106,7 +107,13 @@ class Launchd:
     ) -> bytes:
         """Fill the plist template: @NAMES@ from `values`, @SERVER_ARGS@ becomes `args`."""
         plist = plistlib.loads(template("launchd", f"{name}.plist").encode())
-        fill = {"@LABEL@": label, "@PYTHON@": python, "@LOG@": str(log), **values}
+        fill = {
+            "@LABEL@": label,
+            "@PYTHON@": python,
+            "@STACKS@": str(selfdump.LAUNCHER),
+            "@LOG@": str(log),
+            **values,
+        }
         argv: list[str] = []
         for item in plist["ProgramArguments"]:
             argv.extend(args if item == "@SERVER_ARGS@" else [fill.get(item, item)])
