@@ -102,18 +102,6 @@ def test_server_plist_runs_mlx_lm_with_its_model_env(home: Path) -> None:
         "/v/bin/python", str(selfdump.LAUNCHER), "-m", "mlx_lm", "server",
         "--model", "/m/qwen", "--port", "8081", "--draft-model", "/m/draft",
     ]  # fmt: skip
-        "/v/bin/python",
-        str(selfdump.LAUNCHER),
-        "-m",
-        "mlx_lm",
-        "server",
-        "--model",
-        "/m/qwen",
-        "--port",
-        "8081",
-        "--draft-model",
-        "/m/draft",
-    ]  # fmt: skip  (through the stack launcher: its own stacks, no root)
     assert data["ProcessType"] == "Interactive"
     assert data["EnvironmentVariables"] == {
         "PATH": "/usr/bin",
