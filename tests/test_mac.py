@@ -804,3 +804,19 @@ def test_a_compute_key_of_another_value_is_an_error_naming_key_and_value() -> No
     raw = {"server": [{"name": "m", "url": "http://127.0.0.1:9", "compute": "metal"}]}
     with pytest.raises(ConfigError, match='compute = "metal" must be one of: auto, cpu, gpu'):
         parse_config(raw)
+
+
+def test_a_gpu_that_climbs_for_ever_is_still_bounded() -> None:
+    """A spinning wedge (MLX_METAL_FAST_SYNCH, omlx #2183) climbs with no token: max_busy holds
+    with a live client, and the restart's cost bounds the wait for abandoned work."""
+    spinning = (100.0,) * 20
+    live, now = look(S.max_busy + 1, live=1, gpu_now=100.0, readings=spinning)
+    v = judge(live, S, now)
+    assert v is not None and v.state == State.WEDGED and "max_busy" in v.reason
+    left, at = look(S.wedge_after + 1, abandoned=1, gpu_now=100.0, readings=spinning)
+    first = choose(judge(left, S, at).evidence, restart_cost([40.0]), None, at)  # type: ignore[union-attr]
+    assert first.wait is not None and first.wait.until <= at + 40.0 + 5.0
+    late = at + 46.0
+    later, _ = look(S.wedge_after + 47, abandoned=1, gpu_now=100.0, readings=spinning)
+    cut = choose(judge(later, S, late).evidence, restart_cost([40.0]), first.wait, late)  # type: ignore[union-attr]
+    assert cut.wait is None and "cost more than the restart" in cut.why
