@@ -98,11 +98,11 @@ def _gpu_ns(entry: dict[str, Any]) -> int | None:
     usage = entry.get("AppUsage")
     if isinstance(usage, list):
         times = [u.get("accumulatedGPUTime") for u in usage if isinstance(u, dict)]
-        counted = [t for t in times if _counter(t)]
+        counted = [t for t in times if isinstance(t, int) and _counter(t)]
         if counted:
             return sum(counted)
     own = entry.get("accumulatedGPUTime")
-    return own if _counter(own) else None
+    return own if isinstance(own, int) and _counter(own) else None
 
 
 def _counter(value: object) -> bool:

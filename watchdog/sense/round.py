@@ -18,6 +18,7 @@ from mlx_watchdog.sense.findings import (
     OwnFault,
     ProbeSnapshot,
     ProcessSample,
+    Work,
 )
 from mlx_watchdog.sense.gpu_events import GpuEvents, gpu_events
 from mlx_watchdog.sense.load import LoadReader
@@ -32,7 +33,7 @@ from mlx_watchdog.sense.sched import Clamp, MachineLoad, clamp
 from mlx_watchdog.sense.signs import OtherModel, Signs
 from mlx_watchdog.sense.stack import Stacker
 from mlx_watchdog.sense.unified_log import UnifiedLog
-from mlx_watchdog.sense.work import Work, WorkMeter
+from mlx_watchdog.sense.work import WorkMeter
 
 UNANSWERED = (None, ProbeFinding.NO_RESPONSE, ProbeFinding.TRICKLE, ProbeFinding.ABORTED)
 # While the probe is answered at once, the rest of a look (the process and its sockets, the
