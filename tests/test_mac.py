@@ -32,10 +32,12 @@ from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.record.store import Store
 from mlx_watchdog.sense import gpu, netstat, platform, selfdump, unified_log
-from mlx_watchdog.sense.findings import Work
+from mlx_watchdog.sense.findings import WorkSign
 from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.process import Inspector, ProcessTable
 from mlx_watchdog.sense.signs import Signs
+from mlx_watchdog.sense.stack import parse_faulthandler
+from mlx_watchdog.sense.tool import Unreadable
 from mlx_watchdog.sense.work import WorkMeter, computes_on
 from tests.builders import badserver_argv, restarts_took, watchdog_config, watched
 from tests.conftest import (
@@ -86,7 +88,7 @@ def test_a_process_gpu_time_is_the_sum_over_its_clients_matched_by_pid_not_name(
     assert gpu.parse(data, 7001) == 3_500
     assert gpu.parse(data, 7002) == 9_999_999
     assert gpu.parse(data, 7003) == 77
-    with pytest.raises(gpu.Unreadable, match="PID 7004 has no GPU client"):
+    with pytest.raises(Unreadable, match="PID 7004 has no GPU client"):
         gpu.parse(data, 7004)
 
 
@@ -97,7 +99,7 @@ def test_a_client_with_no_gpu_time_or_a_bad_counter_is_not_counted() -> None:
         {"IOUserClientCreator": "pid 7001, x", "AppUsage": [{"accumulatedGPUTime": True}]},
         {"IOUserClientCreator": 7001, "AppUsage": [{"accumulatedGPUTime": 10}]},
     )
-    with pytest.raises(gpu.Unreadable, match="no GPU client with a GPU time"):
+    with pytest.raises(Unreadable, match="no GPU client with a GPU time"):
         gpu.parse(data, 7001)
 
 
@@ -106,7 +108,7 @@ def test_ioregs_recorded_text_form_is_a_named_finding(name: str) -> None:
     """Only text captures of ioreg exist (no -a plist of AGXDeviceUserClient was found): the
     parser reads none of them as a GPU time, and says why."""
     data = (MACOS / name).read_bytes()
-    with pytest.raises(gpu.Unreadable, match="not a property list"):
+    with pytest.raises(Unreadable, match="not a property list"):
         gpu.parse(data, 440)
 
 
@@ -114,17 +116,17 @@ def test_ioreg_cut_short_garbage_or_nothing_is_a_named_finding() -> None:
     data = registry(client(7001, "python3.12", 1_000))
     assert gpu.parse(data, 7001) == 1_000
     for end in range(0, len(data) - 1, 7):
-        with pytest.raises(gpu.Unreadable):
+        with pytest.raises(Unreadable):
             gpu.parse(data[:end], 7001)
     for bad in (b"", b"  \n", b"\x00\xff{not a plist", b"<plist><array><dict>"):
-        with pytest.raises(gpu.Unreadable):
+        with pytest.raises(Unreadable):
             gpu.parse(bad, 7001)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=400))
 def test_any_bytes_from_ioreg_are_a_time_or_a_named_finding(data: bytes) -> None:
-    with contextlib.suppress(gpu.Unreadable):
+    with contextlib.suppress(Unreadable):
         assert gpu.parse(data, 1) >= 0
 
 
@@ -132,9 +134,9 @@ def test_ioreg_that_cannot_run_or_fails_is_unreadable_with_its_words() -> None:
     def missing(argv: list[str]) -> tuple[int, bytes, bytes]:
         raise FileNotFoundError(2, "No such file or directory")
 
-    with pytest.raises(gpu.Unreadable, match="ioreg could not run: No such file"):
+    with pytest.raises(Unreadable, match="ioreg could not run: No such file"):
         gpu.gpu_time_ns(1, missing)
-    with pytest.raises(gpu.Unreadable, match="ioreg failed: ioreg: invalid destination port"):
+    with pytest.raises(Unreadable, match="ioreg failed: ioreg: invalid destination port"):
         gpu.gpu_time_ns(1, lambda argv: (1, b"", b"ioreg: invalid destination port\n"))
     assert gpu.gpu_time_ns(7, lambda argv: (0, registry(client(7, "p", 5)), b"")) == 5
 
@@ -154,7 +156,7 @@ def test_the_fake_ioreg_answers_as_the_parser_expects(
         ("cut", "not a property"),
     ):
         monkeypatch.setenv("FAKE_IOREG", mode)
-        with pytest.raises(gpu.Unreadable, match=said):
+        with pytest.raises(Unreadable, match=said):
             gpu.gpu_time_ns(4242)
 
 
@@ -170,10 +172,12 @@ def _path() -> str:
 def test_macos_26_rows_keep_a_process_name_with_spaces_and_its_pid() -> None:
     rows = netstat.parse((MACOS / "netstat_anv_tcp_macOS26_tahoe.txt").read_text())
     assert rows == [
-        netstat.Row(
+        netstat.Connection(
             ("127.0.0.1", 49515), ("127.0.0.1", 49472), "ESTABLISHED", 118268, 40208, 22712
         ),
-        netstat.Row(("127.0.0.1", 49510), ("127.0.0.1", 49513), "ESTABLISHED", 358, 127, 22712),
+        netstat.Connection(
+            ("127.0.0.1", 49510), ("127.0.0.1", 49513), "ESTABLISHED", 358, 127, 22712
+        ),
     ]
 
 
@@ -189,7 +193,7 @@ def test_macos_15_rows_read_under_their_own_header() -> None:
         (("123.57.223.58", 443), 17330, 1612, 75236),
         (("47.106.66.231", 443), 2480, 1197, 74164),
     ]
-    with pytest.raises(netstat.Unreadable, match="no header"):
+    with pytest.raises(Unreadable, match="no header"):
         netstat.parse(body)
 
 
@@ -210,7 +214,7 @@ def test_each_recorded_netstat_cut_anywhere_reads_or_is_a_named_finding(name: st
     for end in range(0, len(text), 3):
         try:
             rows = netstat.parse(text[:end])
-        except netstat.Unreadable:
+        except Unreadable:
             continue
         assert all(r.local[1] >= 0 and (r.rx is None or r.rx >= 0) for r in rows)
 
@@ -221,16 +225,16 @@ def test_any_text_from_netstat_is_rows_or_a_named_finding(text: str) -> None:
     try:
         netstat.parse("Proto Recv-Q (state) rxbytes txbytes process:pid\n" + text)
         netstat.parse(text)
-    except netstat.Unreadable:
+    except Unreadable:
         pass
 
 
 def test_a_count_that_stops_moving_tells_how_long_it_has_been_quiet() -> None:
     moved = netstat.Mover()
-    row = netstat.Row(("127.0.0.1", 8080), ("127.0.0.1", 50000), "ESTABLISHED", 100, 5, 1)
+    row = netstat.Connection(("127.0.0.1", 8080), ("127.0.0.1", 50000), "ESTABLISHED", 100, 5, 1)
     assert moved.quiet(row, 10.0) == (None, None)  # first seen: no span yet
     assert moved.quiet(row, 12.5) == (2500, 2500)
-    grown = netstat.Row(row.local, row.remote, row.state, 100, 900, 1)
+    grown = netstat.Connection(row.local, row.remote, row.state, 100, 900, 1)
     assert moved.quiet(grown, 13.0) == (3000, 0)
     moved.keep(set())
     assert moved.quiet(grown, 14.0) == (None, None)  # gone, then a new connection
@@ -253,7 +257,7 @@ def test_the_gpu_share_comes_from_two_readings_of_one_wait() -> None:
         watched("http://127.0.0.1:1"), gpu_time=lambda pid: spent[0], mono=clock, on_mac=True
     )
     assert meter.on == "gpu"
-    assert meter.read(7, 0.5, waiting=True) == Work("gpu", None, source="ioreg")
+    assert meter.read(7, 0.5, waiting=True) == WorkSign("gpu", None, source="ioreg")
     clock.t, spent[0] = 102.0, 1_800_000_000  # 1.8 s of GPU in 2 s
     assert meter.read(7, 0.5, waiting=True).percent == 90.0
     clock.t = 104.0  # flat
@@ -269,7 +273,7 @@ def test_an_unreadable_gpu_is_unknown_with_its_reason_said_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def broken(pid: int) -> int:
-        raise gpu.Unreadable("ioreg could not run: No such file or directory")
+        raise Unreadable("ioreg could not run: No such file or directory")
 
     meter = WorkMeter(watched("http://127.0.0.1:1"), gpu_time=broken, on_mac=True)
     with caplog.at_level(logging.WARNING):
@@ -309,7 +313,7 @@ def look(
     readings: tuple[float, ...] = (),
     unknown: str = "",
 ) -> tuple[Observation, float]:
-    work = Work("gpu", gpu_now, unknown, "ioreg")
+    work = WorkSign("gpu", gpu_now, unknown, "ioreg")
     signs = Signs(work=readings, work_on="gpu")
     obs = Observation(
         waiting(), proc(live=live, abandoned=abandoned, cpu=cpu), MODELS_OK, signs=signs, work=work
@@ -592,7 +596,7 @@ def test_a_launched_server_dumps_every_threads_stack_to_its_log_on_demand(
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         text, problem = selfdump.dump(proc.pid, log)
         assert problem is None and text is not None
-        threads = selfdump.parse(text)
+        threads = parse_faulthandler(text)
         assert threads is not None and len(threads) == 2
         (gen,) = [t for t in threads if t.generates]
         assert gen.frames[0] == "wait" and "_generate" in gen.frames
@@ -628,15 +632,15 @@ def test_faulthandler_dumps_cut_short_or_garbage_read_as_threads_or_none() -> No
         "Current thread 0x00007f2b4d1e8740 (most recent call first):\n"
         '  File "/x/mlx_lm/server.py", line 1700 in main\n'
     )
-    threads = selfdump.parse(dump)
+    threads = parse_faulthandler(dump)
     assert threads is not None and [t.frames for t in threads] == [
         ("wait", "_generate"),
         ("main",),
     ]
     for end in range(len(dump)):
-        cut = selfdump.parse(dump[:end])
+        cut = parse_faulthandler(dump[:end])
         assert cut is None or 1 <= len(cut) <= 2
-    assert selfdump.parse("garbage\n\x00 File") is None
+    assert parse_faulthandler("garbage\n\x00 File") is None
 
 
 def test_a_hung_gpu_with_no_client_is_a_deadlock_told_by_the_servers_own_stack(
@@ -702,7 +706,7 @@ def test_the_unified_log_is_read_at_most_every_30_s_and_a_failing_log_is_said() 
     assert len(reader.read(7, 12.3)) == 1 and len(reader.read(7, 13.0)) == 1
     assert len(calls) == 1 and calls[0][:4] == ["log", "show", "--last", "13s"]
     assert "processID == 7 AND (" in calls[0][-1]
-    clock.t += unified_log.EVERY
+    clock.t += unified_log.READ_EVERY
     reader.read(7, 50.0)
     assert len(calls) == 2
     failing = unified_log.UnifiedLog(

@@ -13,7 +13,7 @@ from mlx_watchdog.judge.retry import Retry, retry_of
 from mlx_watchdog.sense.findings import (
     Client,
     Prefill,
-    Work,
+    WorkSign,
 )
 from mlx_watchdog.sense.observation import Observation
 
@@ -115,7 +115,7 @@ def evidence(
 ) -> Evidence:
     probe, proc, models, load = obs.probe, obs.process, obs.models, obs.load
     readings = obs.signs.work if obs.signs is not None else ()
-    work = obs.work if obs.work is not None else Work("cpu", proc.cpu_percent)
+    work = obs.work if obs.work is not None else WorkSign("cpu", proc.cpu_percent)
     return Evidence(
         ttft_s=_r(probe.ttft),
         waited_s=_r(probe.waited(now)),

@@ -21,7 +21,7 @@ EMPTY_MODELS_FIX = (
 
 
 @dataclass(frozen=True)
-class Work:
+class WorkSign:
     """One look's reading of the work sign."""
 
     on: str  # "cpu" or "gpu": where the server's work runs, so where it is read

@@ -16,39 +16,21 @@ from __future__ import annotations
 
 import plistlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from mlx_watchdog.sense.progress import bounded_run
+from mlx_watchdog.sense.tool import ToolRun, Unreadable, answer, bounded
 
-COMMAND = ("ioreg", "-r", "-c", "AGXDeviceUserClient", "-d", "1", "-a")
-TIMEOUT = 2.0  # s an ioreg may take
-CAP = 4 << 20  # bytes of its answer: a few hundred clients' properties are well under this
+IOREG = ("ioreg", "-r", "-c", "AGXDeviceUserClient", "-d", "1", "-a")
+IOREG_TIMEOUT = 2.0  # s an ioreg may take
+IOREG_CAP = 4 << 20  # bytes of its answer: a few hundred clients' properties are well under
 DEPTH = 6  # nesting read at most: the entries sit at the top, or one level under a parent
 CREATOR = re.compile(r"^\s*pid\s+(\d+)\s*,")
 
-Run = Callable[[list[str]], tuple[int, bytes, bytes]]
 
-
-class Unreadable(Exception):
-    """The GPU time could not be read: the reason, in words."""
-
-
-def _run(argv: list[str]) -> tuple[int, bytes, bytes]:
-    return bounded_run(argv, cap=CAP, timeout=TIMEOUT)
-
-
-def gpu_time_ns(pid: int, run: Run = _run) -> int:
+def gpu_time_ns(pid: int, run: ToolRun | None = None) -> int:
     """The GPU time of `pid` so far, in ns (Unreadable: why it cannot be told)."""
-    try:
-        code, out, err = run(list(COMMAND))
-    except OSError as exc:
-        raise Unreadable(f"ioreg could not run: {exc.strerror or exc}") from None
-    if code != 0:
-        said = err.decode("utf-8", "replace").strip().splitlines()
-        raise Unreadable(f"ioreg failed: {said[-1][:200] if said else f'exit {code}'}")
-    if len(out) >= CAP:
-        raise Unreadable(f"ioreg printed more than {CAP >> 20} MiB")
+    out = answer(list(IOREG), run or bounded(IOREG_CAP, IOREG_TIMEOUT), IOREG_CAP)
     return parse(out, pid)
 
 

@@ -12,17 +12,16 @@ from the left, the last eight from the right, and the header's tokens say what l
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlx_watchdog.sense.progress import bounded_run
+from mlx_watchdog.sense.tool import ToolRun, Unreadable, answer, bounded
 
-COMMAND = ("netstat", "-anv", "-p", "tcp")
-TIMEOUT = 2.0
-CAP = 8 << 20  # bytes: tens of thousands of connections; past this, a machine's, not a server's
+NETSTAT = ("netstat", "-anv", "-p", "tcp")
+NETSTAT_TIMEOUT = 2.0
+NETSTAT_CAP = 8 << 20  # bytes: tens of thousands of connections, well under this
 ROWS_MAX = 100_000
 LEFT, RIGHT = 6, 8  # Proto Recv-Q Send-Q Local Foreign (state) | state ... fltrs
-STATES = {  # netstat's names, as psutil names them
+TCP_NAMES = {  # netstat's names, as psutil names them
     "ESTABLISHED": "ESTABLISHED",
     "CLOSE_WAIT": "CLOSE_WAIT",
     "FIN_WAIT_1": "FIN_WAIT1",
@@ -36,16 +35,11 @@ STATES = {  # netstat's names, as psutil names them
     "CLOSED": "CLOSE",
 }
 
-Run = Callable[[list[str]], tuple[int, bytes, bytes]]
 Endpoint = tuple[str, int]
 
 
-class Unreadable(Exception):
-    """netstat's answer cannot be had or read: the reason, in words."""
-
-
 @dataclass(frozen=True)
-class Row:
+class Connection:
     """One TCP connection as netstat prints it."""
 
     local: Endpoint
@@ -56,32 +50,20 @@ class Row:
     pid: int | None  # the last process that used it; None where the layout has none
 
 
-def _run(argv: list[str]) -> tuple[int, bytes, bytes]:
-    return bounded_run(argv, cap=CAP, timeout=TIMEOUT)
-
-
-def read(run: Run | None = None) -> list[Row]:
+def read(run: ToolRun | None = None) -> list[Connection]:
     """Every TCP connection of the machine, under a deadline and a byte cap."""
-    try:
-        code, out, err = (run or _run)(list(COMMAND))
-    except OSError as exc:
-        raise Unreadable(f"netstat could not run: {exc.strerror or exc}") from None
-    if code != 0:
-        said = err.decode("utf-8", "replace").strip().splitlines()
-        raise Unreadable(f"netstat failed: {said[-1][:200] if said else f'exit {code}'}")
-    if len(out) >= CAP:
-        raise Unreadable(f"netstat printed more than {CAP >> 20} MiB")
+    out = answer(list(NETSTAT), run or bounded(NETSTAT_CAP, NETSTAT_TIMEOUT), NETSTAT_CAP)
     return parse(out.decode("utf-8", "replace"))
 
 
-def parse(text: str) -> list[Row]:
+def parse(text: str) -> list[Connection]:
     """The rows of `netstat -anv -p tcp`; a row that does not fit its header is skipped."""
     lines = text.splitlines()
     head = next((i for i, line in enumerate(lines[:5]) if line.startswith("Proto")), None)
     if head is None:
         raise Unreadable("netstat's answer has no header line (Proto ...)")
     middle = _middle(lines[head].split())
-    rows: list[Row] = []
+    rows: list[Connection] = []
     for line in lines[head + 1 : head + 1 + ROWS_MAX]:
         row = _row(line.split(), middle)
         if row is not None:
@@ -101,11 +83,11 @@ def _middle(header: list[str]) -> str:
     raise Unreadable("netstat's header names no owner column (run with -v)")
 
 
-def _row(fields: list[str], middle: str) -> Row | None:
+def _row(fields: list[str], middle: str) -> Connection | None:
     if len(fields) < LEFT + RIGHT + 1 or not fields[0].startswith("tcp"):
         return None
     local, remote = _endpoint(fields[3]), _endpoint(fields[4])
-    state = STATES.get(fields[5])
+    state = TCP_NAMES.get(fields[5])
     rest = fields[LEFT:-RIGHT]
     if local is None or state is None:
         return None
@@ -126,7 +108,7 @@ def _row(fields: list[str], middle: str) -> Row | None:
         return None
     if min(x for x in (rx, tx, pid) if x is not None) < 0:
         return None
-    return Row(local, remote, state, rx, tx, pid)
+    return Connection(local, remote, state, rx, tx, pid)
 
 
 def _endpoint(text: str) -> Endpoint | None:
@@ -143,7 +125,7 @@ class Mover:
     def __init__(self) -> None:
         self._seen: dict[tuple[Endpoint, Endpoint], tuple[int, int, float, float]] = {}
 
-    def quiet(self, row: Row, now: float) -> tuple[int | None, int | None]:
+    def quiet(self, row: Connection, now: float) -> tuple[int | None, int | None]:
         """ms since its rx and its tx last moved; None where no earlier look saw it."""
         if row.remote is None or row.rx is None or row.tx is None:
             return None, None

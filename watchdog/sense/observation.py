@@ -11,7 +11,7 @@ from mlx_watchdog.sense.findings import (
     Prefill,
     ProbeSnapshot,
     ProcessSample,
-    Work,
+    WorkSign,
 )
 from mlx_watchdog.sense.signs import Signs
 
@@ -33,7 +33,7 @@ class Observation:
     kind: str = ""  # the server's kind: which stacks and answers mean what
     served: bool = False  # this process served a probe: it is no longer starting
     live_seen: float | None = None  # when live clients were last seen during this probe's wait
-    work: Work | None = None  # the sign that it works, where its work runs (sense/work.py)
+    work: WorkSign | None = None  # the sign that it works, where its work runs (sense/work.py)
 
 
 def leaked_requests(load: LoadReport | None, proc: ProcessSample, *, fans_out: bool = False) -> int:

@@ -22,6 +22,7 @@ import psutil
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense import netstat, platform, sockdiag
 from mlx_watchdog.sense.findings import Address, Client, Clock, ProcessSample
+from mlx_watchdog.sense.tool import ToolRun, Unreadable
 
 log = logging.getLogger(__name__)
 HALF_CLOSED = frozenset({psutil.CONN_FIN_WAIT1, psutil.CONN_FIN_WAIT2})
@@ -38,7 +39,7 @@ class ProcessTable:
     """The few psutil calls the watchdog makes, and on Linux the kernel's socket table for
     one port (sense/sockdiag.py) in place of psutil's read of every socket."""
 
-    def __init__(self, *, mac: bool | None = None, netstat_run: netstat.Run | None = None) -> None:
+    def __init__(self, *, mac: bool | None = None, netstat_run: ToolRun | None = None) -> None:
         self.mac = platform.is_mac() if mac is None else mac
         # Until the kernel's socket diagnostics fail once: psutil then on (never on a Mac).
         self.diag = not self.mac
@@ -73,7 +74,7 @@ class ProcessTable:
             return conns
         try:
             rows = netstat.read(self.netstat_run)
-        except netstat.Unreadable as exc:
+        except Unreadable as exc:
             if str(exc) != self.bytes_problem:
                 log.warning("bytes per connection cannot be read: %s", exc)
             self.bytes_problem = str(exc)

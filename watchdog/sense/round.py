@@ -18,7 +18,7 @@ from mlx_watchdog.sense.findings import (
     OwnFault,
     ProbeSnapshot,
     ProcessSample,
-    Work,
+    WorkSign,
 )
 from mlx_watchdog.sense.gpu_events import GpuEvents, gpu_events
 from mlx_watchdog.sense.load import LoadReader
@@ -298,7 +298,7 @@ class Checker:
         return self.served_process is not None and _same_process(self.served_process, process)
 
     def _signs(
-        self, snap: ProbeSnapshot, pid: int | None, process: ProcessSample, work: Work
+        self, snap: ProbeSnapshot, pid: int | None, process: ProcessSample, work: WorkSign
     ) -> Signs | None:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a
         process), the log's known failures, the work sign over the wait, the machine's memory,

@@ -1,14 +1,8 @@
 """The server's stacks as it dumps them itself: a server the watchdog starts runs through
 sense/stacks_launcher.py, which registers faulthandler on SIGURG; the watchdog signals that
 very process (verified by its PID and its command line naming the launcher, read just before)
-and reads the dump from the server's log. No root and no debugger: what a Mac needs, where
-py-spy needs root and `sample` shows no Python frames.
-
-faulthandler prints, per thread, innermost first:
-
-    Thread 0x00007f2b3c9ff6c0 (most recent call first):
-      File "/usr/lib/python3.12/threading.py", line 355 in wait
-      File ".../mlx_lm/server.py", line 811 in _generate
+and reads the dump from the server's log (sense/stack.py reads its threads). No root and no
+debugger: what a Mac needs, where py-spy needs root and `sample` shows no Python frames.
 """
 
 from __future__ import annotations
@@ -24,18 +18,12 @@ from pathlib import Path
 import psutil
 
 from mlx_watchdog.sense.files import open_regular
-from mlx_watchdog.sense.signs import ThreadStack
-from mlx_watchdog.sense.text import printable
 
 LAUNCHER = Path(__file__).with_name("stacks_launcher.py")
 SIGNAL = signal.SIGURG
 WAIT = 1.0  # s for the dump to appear in the log
 SETTLE = 0.1  # s with no new bytes after it began: it is whole
-READ_MAX = 256 * 1024  # bytes of the log read after the signal
-THREADS_MAX = 256
-FRAMES_MAX = 64
-THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
-FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)\s*$')
+DUMP_MAX = 256 * 1024  # bytes of the log read after the signal
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
@@ -83,29 +71,6 @@ def _shebang(script: Path, path: str | None) -> str | None:
     return words[0]
 
 
-def parse(text: str) -> tuple[ThreadStack, ...] | None:
-    """The threads of a faulthandler dump; None when the text has none."""
-    threads: list[ThreadStack] = []
-    name: str | None = None
-    frames: list[str] = []
-
-    def close() -> None:
-        if name is not None and len(threads) < THREADS_MAX:
-            threads.append(ThreadStack(name, tuple(frames[:FRAMES_MAX])))
-
-    for line in text.splitlines():
-        head = THREAD.match(line)
-        if head is not None:
-            close()
-            name, frames = f"Thread {head.group(1)}", []
-            continue
-        frame = FRAME.match(line) if name is not None else None
-        if frame is not None:
-            frames.append(printable(frame.group(3))[:200])
-    close()
-    return tuple(threads) if threads else None
-
-
 def dump(
     pid: int,
     log: Path,
@@ -140,7 +105,7 @@ def dump(
     try:
         with open_regular(log, follow=False) as fh:
             fh.seek(start)
-            text = fh.read(READ_MAX).decode("utf-8", "replace")
+            text = fh.read(DUMP_MAX).decode("utf-8", "replace")
     except OSError as exc:
         return None, f"cannot read its log {log}: {exc.strerror or exc}"
     at = text.find("(most recent call first)")

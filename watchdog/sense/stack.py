@@ -31,6 +31,13 @@ THREADS_MAX = 256
 FRAMES_MAX = 64
 THREAD = re.compile(r'^Thread (?:0x)?[0-9A-Fa-f]+ \((\w+)\): "(.*)"\s*$')
 FRAME = re.compile(r"^\s+(\S.*?) \((.*)\)\s*$")
+# faulthandler's dump (the server's own, sense/selfdump.py), innermost first:
+#     Thread 0x00007f2b3c9ff6c0 (most recent call first):
+#       File ".../mlx_lm/server.py", line 811 in _generate
+FAULT_THREAD = re.compile(
+    r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):"
+)
+FAULT_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)\s*$')
 
 
 def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
@@ -64,6 +71,29 @@ def own_first(pid: int | None, command: Callable[[int], list[str] | None]) -> bo
     """The server's own dump before a tool: on a Mac (py-spy needs root there, `sample` has no
     Python frames), or where no tool is installed."""
     return platform.is_mac() or pid is None or command(pid) is None
+
+
+def parse_faulthandler(text: str) -> tuple[ThreadStack, ...] | None:
+    """The threads of a faulthandler dump (no names, no idle marks); None when it has none."""
+    threads: list[ThreadStack] = []
+    name: str | None = None
+    frames: list[str] = []
+
+    def close() -> None:
+        if name is not None and len(threads) < THREADS_MAX:
+            threads.append(ThreadStack(name, tuple(frames[:FRAMES_MAX])))
+
+    for line in text.splitlines():
+        head = FAULT_THREAD.match(line)
+        if head is not None:
+            close()
+            name, frames = f"Thread {head.group(1)}", []
+            continue
+        frame = FAULT_FRAME.match(line) if name is not None else None
+        if frame is not None:
+            frames.append(printable(frame.group(3))[:200])
+    close()
+    return tuple(threads) if threads else None
 
 
 class Stacker:
@@ -102,7 +132,7 @@ class Stacker:
         text, problem = selfdump.dump(pid, log)
         if text is None:
             return StackSample(None, problem, OWN)
-        threads = selfdump.parse(text)
+        threads = parse_faulthandler(text)
         if threads is None:
             return StackSample(None, "its dump held no threads", OWN)
         return StackSample(threads, None, OWN)

@@ -3,7 +3,7 @@ can leave no line in the server's own log, no report, and `/health` 200 until th
 exits (mlx-serve #321: `IOGPUMetalError`, "Execution of the command buffer was aborted due to
 an error during execution. Insufficient Memory (00000008:kIOGPUCommandBufferCallbackError
 OutOfMemory)"). Read with `log show --style ndjson`, for the server's PID only, over the wait
-at most, only while a wedge is suspected and at most once every EVERY seconds. Its entries are
+at most, only while a wedge is suspected and at most once every READ_EVERY seconds. Its entries are
 the process's own (the Metal framework in it), never a client's request text: unlike a line of
 the server's log, one names a cause (judge/cause.py).
 """
@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable
 
 from mlx_watchdog.sense import platform
-from mlx_watchdog.sense.progress import bounded_run
 from mlx_watchdog.sense.signs import LINE_MAX, LogError
 from mlx_watchdog.sense.text import printable
+from mlx_watchdog.sense.tool import ToolRun, Unreadable, answer, bounded
 
-TIMEOUT = 3.0  # s: `log show` walks the log store; a slow one is given up, said, read later
-EVERY = 30.0  # s between two reads for one server
+LOG_TIMEOUT = 3.0  # s: `log show` walks the log store; a slow one is given up, said, read later
+READ_EVERY = 30.0  # s between two reads for one server
 SPAN_MAX = 300  # s of log read back at most
-CAP = 1 << 20  # bytes of its answer
-KEPT = 3  # entries kept, newest last
+LOG_CAP = 1 << 20  # bytes of its answer
+ENTRIES_KEPT = 3  # entries kept, newest last
 SYMBOLS = (
     "kIOGPUCommandBufferCallbackError",
     "kIOAccelCommandBufferCallbackError",
@@ -33,8 +33,6 @@ SYMBOLS = (
     "Command buffer execution failed",
     "Execution of the command buffer was aborted",
 )
-
-Run = Callable[[list[str]], tuple[int, bytes, bytes]]
 
 
 def command(pid: int, span_s: float) -> list[str]:
@@ -67,7 +65,7 @@ def parse(text: str, pid: int) -> tuple[LogError, ...]:
         if not isinstance(message, str) or not any(s in message for s in SYMBOLS):
             continue
         found.append(LogError("metal", printable(" ".join(message.split()))[:LINE_MAX]))
-    return tuple(found[-KEPT:])
+    return tuple(found[-ENTRIES_KEPT:])
 
 
 class UnifiedLog:
@@ -76,11 +74,11 @@ class UnifiedLog:
     def __init__(
         self,
         *,
-        run: Run | None = None,
+        run: ToolRun | None = None,
         mono: Callable[[], float] = time.monotonic,
         mac: bool | None = None,
     ) -> None:
-        self.run = run or (lambda argv: bounded_run(argv, cap=CAP, timeout=TIMEOUT))
+        self.run = run or bounded(LOG_CAP, LOG_TIMEOUT)
         self.mono = mono
         self.mac = platform.is_mac() if mac is None else mac
         self.problem = ""  # why the last read failed ("": it did not)
@@ -93,22 +91,18 @@ class UnifiedLog:
         if not self.mac or pid is None:
             return ()
         now = self.mono()
-        if self._last is not None and self._last[0] == pid and now - self._last[1] < EVERY:
+        if self._last is not None and self._last[0] == pid and now - self._last[1] < READ_EVERY:
             return self._found
         if self._last is None or self._last[0] != pid:
             self._found = ()
         self._last = (pid, now)
         try:
-            code, out, err = self.run(command(pid, span_s))
-        except OSError as exc:
-            self.problem = f"log show could not run: {exc.strerror or exc}"
-            return self._found
-        if code != 0:
-            said = err.decode("utf-8", "replace").strip().splitlines()
-            self.problem = f"log show failed: {said[-1][:200] if said else f'exit {code}'}"
+            out = answer(command(pid, span_s), self.run, LOG_CAP)
+        except Unreadable as exc:
+            self.problem = str(exc)
             return self._found
         self.problem = ""
-        self._found = (self._found + parse(out.decode("utf-8", "replace"), pid))[-KEPT:]
+        self._found = (self._found + parse(out.decode("utf-8", "replace"), pid))[-ENTRIES_KEPT:]
         return self._found
 
     def forget(self) -> None:

@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.sense import gpu, platform
-from mlx_watchdog.sense.findings import Work
+from mlx_watchdog.sense.findings import WorkSign
+from mlx_watchdog.sense.tool import Unreadable
 
 log = logging.getLogger(__name__)
 
-GpuClock = Callable[[int], int]  # a PID -> its GPU time so far, ns (gpu.Unreadable: why not)
+GpuClock = Callable[[int], int]  # a PID -> its GPU time so far, ns (Unreadable: why not)
 
 
 def computes_on(server: ServerConfig, on_mac: bool | None = None) -> str:
@@ -48,29 +49,29 @@ class WorkMeter:
         self._last: tuple[int, int, float] | None = None  # PID, GPU ns, when
         self._said: set[str] = set()
 
-    def read(self, pid: int | None, cpu_percent: float | None, *, waiting: bool) -> Work:
+    def read(self, pid: int | None, cpu_percent: float | None, *, waiting: bool) -> WorkSign:
         """The sign now. `waiting`: the probe waits, so the GPU is worth its reading."""
         if self.on == "cpu":
-            return Work("cpu", cpu_percent)
+            return WorkSign("cpu", cpu_percent)
         if not self.mac:
-            return Work("gpu", None, "no reader of a process's GPU time on this platform", "")
+            return WorkSign("gpu", None, "no reader of a process's GPU time on this platform", "")
         if not waiting:
             self._last = None  # a wait's first look starts its own baseline
-            return Work("gpu", None, source="ioreg")
+            return WorkSign("gpu", None, source="ioreg")
         if pid is None:
-            return Work("gpu", None, "no server process", "ioreg")
+            return WorkSign("gpu", None, "no server process", "ioreg")
         try:
             ns = self.gpu_time(pid)
-        except gpu.Unreadable as exc:
+        except Unreadable as exc:
             self._last = None
             self._say(str(exc))
-            return Work("gpu", None, str(exc), "ioreg")
+            return WorkSign("gpu", None, str(exc), "ioreg")
         now = self.mono()
         last, self._last = self._last, (pid, ns, now)
         if last is None or last[0] != pid or now <= last[2] or ns < last[1]:
-            return Work("gpu", None, source="ioreg")  # a first reading: no span yet
+            return WorkSign("gpu", None, source="ioreg")  # a first reading: no span yet
         share = (ns - last[1]) / 1e9 / (now - last[2]) * 100.0
-        return Work("gpu", round(min(share, 100.0), 2), source="ioreg")
+        return WorkSign("gpu", round(min(share, 100.0), 2), source="ioreg")
 
     def _say(self, why: str) -> None:
         """A reader that fails says so once, not at every look."""
