@@ -10,7 +10,9 @@
    - a live client's long prefill (30 s; 10 s with --quick): restarts, and the verdicts said;
    - an abandoned long prompt, waited for while the GPU works on it, then the GPU hangs:
      seconds and looks from the hang to the restart (the unknown-work bound alone would wait
-     out the restart's cost: 60 s here, as for a large model).
+     out the restart's cost: 60 s here, as for a large model);
+   - the same, the GPU hanging as the client leaves: from its leaving to the restart, against
+     wedge_after.
 """
 
 from __future__ import annotations
@@ -186,6 +188,25 @@ def hung_gpu(folder: Path) -> dict[str, Any]:
         run.stop()
 
 
+def hung_at_once(folder: Path) -> dict[str, Any]:
+    """A client leaves a long prompt and the GPU hangs on it at once: from the client's leaving
+    to the restart, against wedge_after (the goal: within wedge_after and 2 looks)."""
+    run = Running(folder)
+    try:
+        left = time.time()
+        ask(run.port, 120.0, leave_after=0.3)
+        os.kill(run.pid, signal.SIGUSR1)
+        until(lambda: len(run.store.restarts("mac", 0.0)) > 1, 120, "the restart")
+        after = run.store.restarts("mac", 0.0)[-1].at - left
+        until(lambda: run.store.restarts("mac", 0.0)[-1].finished_at, 60, "the restart's end")
+        return {
+            "leave_to_restart_s": round(after, 2),
+            "looks_past_wedge_after": round((after - WEDGE_AFTER) / INTERVAL, 1),
+        }
+    finally:
+        run.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -222,6 +243,15 @@ def main() -> None:
         print(
             f"the GPU hangs under abandoned work: restarted {r['hang_to_restart_s']} s "
             f"({r['looks']} looks of {INTERVAL:g} s) after; {r['said']}",
+            flush=True,
+        )
+        os.environ["FAKE_GPU_DIR"] = str(folder / "at-once")
+        (folder / "at-once").mkdir()
+        doc["hung_at_once"] = hung_at_once(folder / "at-once")
+        r = doc["hung_at_once"]
+        print(
+            f"the GPU hangs as its client leaves: restarted {r['leave_to_restart_s']} s after "
+            f"(wedge_after {WEDGE_AFTER:g} s + {r['looks_past_wedge_after']} looks)",
             flush=True,
         )
     if args.json:

@@ -35,6 +35,7 @@ from mlx_watchdog.sense import gpu, netstat, platform, selfdump, unified_log
 from mlx_watchdog.sense.findings import WorkSign
 from mlx_watchdog.sense.observation import Observation
 from mlx_watchdog.sense.process import Inspector, ProcessTable
+from mlx_watchdog.sense.sched import clamp
 from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.stack import parse_faulthandler
 from mlx_watchdog.sense.tool import Unreadable
@@ -824,3 +825,21 @@ def test_a_gpu_that_climbs_for_ever_is_still_bounded() -> None:
     later, _ = look(S.wedge_after + 47, abandoned=1, gpu_now=100.0, readings=spinning)
     cut = choose(judge(later, S, late).evidence, restart_cost([40.0]), first.wait, late)  # type: ignore[union-attr]
     assert cut.wait is None and "cost more than the restart" in cut.why
+
+
+def test_the_scheduling_band_is_read_from_ps_on_a_mac(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ps -o pri=` as macOS prints it (the stand-in): 4 in the background band, 20 for a job
+    with no ProcessType, 31 for a process started from a shell; a PID ps cannot find is no
+    clamp, said as none."""
+    monkeypatch.setenv(platform.VARIABLE, "darwin")
+    monkeypatch.setenv("PATH", f"{FAKES}:{_path()}")
+    me = os.getpid()
+    monkeypatch.setenv("FAKE_PS_PRI", "4")
+    assert clamp(me) == "scheduling priority 4 (a normal process has 31)"
+    monkeypatch.setenv("FAKE_PS_PRI", "20")
+    assert clamp(me) == "scheduling priority 20 (a normal process has 31)"
+    monkeypatch.setenv("FAKE_PS_PRI", "31")
+    assert clamp(me) is None
+    assert clamp(2**22 + 12345) is None  # no such process

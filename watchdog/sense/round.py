@@ -164,6 +164,8 @@ class Checker:
             old = self.inspector
             self.inspector = Inspector(server, table=old.table, mono=self.mono, wall=old.wall)
             self.leak_since = self.loading_since = None
+        if moved or server.compute != self.server.compute:
+            self.work = WorkMeter(server, mono=self.mono)
         self.server = server
         self.inspector.server = server
         self.load.server = server
