@@ -309,6 +309,42 @@ def test_a_patient_client_is_not_restarted(
     assert "busy" in states and not states & {"wedged", "dead", "down"}
 
 
+def test_a_request_that_leaves_behind_a_patient_client_does_not_cut_it_off(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """Issue 54: a patient client's long prompt is prefilled; a tiny request sent behind it
+    leaves after half a second (a health check with a short timeout). It holds nobody up until
+    the patient client is served: no restart (before: restarted about 13 s in, under the
+    patient client). The prompt is sized here to take 20 s or more, past wedge_after and the
+    restart's bound (a prefill grows faster than its length: it takes longer), and max_busy is
+    far above it, so that a loaded machine's slower prefill stays within it."""
+    raw = process_config(tmp_path, tiny_model, hf_cache, [], [])
+    raw["server"][0]["probe"].update(max_busy="10m", hard_timeout="20m")  # type: ignore[index]
+    config = parse_config(raw)
+    t = run_daemon(Daemon(config).open())
+    url = config.servers[0].url
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    per_word = ttft(url, long_prompt(76, words=1000)) / 1000
+    words = max(1000, min(6000, int(20.0 / per_word)))
+    until(lambda: state(t) == "healthy", 60, "the measuring request's busy verdict to pass")
+    outcome: list[str] = []
+    patient = threading.Thread(
+        target=lambda: outcome.append(send(url, long_prompt(77, words=words), timeout=600))
+    )
+    patient.start()
+    until(lambda: state(t) == "busy", 60, "the daemon to see the patient client served")
+    assert send(url, "hi", timeout=0.5) == "gave up"  # a request behind it that leaves
+    patient.join(600)
+    reasons = [row.reason for row in t.daemon.store.probes("tiny", 0.0)]
+    assert outcome == ["served"]  # never cut off
+    assert t.daemon.store.restarts("tiny", time.time() - 3600) == []
+    assert any("sent after it waits behind it" in r for r in reasons), reasons
+    assert not any(r.startswith("wedged") for r in reasons), reasons
+
+
 def test_a_hand_run_probe_while_busy_does_not_make_the_daemon_restart(
     tmp_path: Path,
     tiny_model: Path,

@@ -20,6 +20,7 @@ from mlx_watchdog.sense.findings import (
     DEAD_FINDINGS,
     DOWN_FINDINGS,
     OK,
+    Client,
     LoadReport,
     ModelsCheck,
     ProbeFinding,
@@ -243,7 +244,8 @@ def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) 
             f"probe are connected: {leaked} request{'s' if leaked != 1 else ''} "
             f"{'have' if leaked != 1 else 'has'} no client (for {_s(leak_for)})"
         )
-    if abandoned:
+    behind = queued_behind(obs, now)
+    if abandoned and not behind:
         oldest = proc.oldest_abandoned(now)
         since = f" (the oldest seen for {_s(oldest)})" if oldest else ""
         verb = "hold" if abandoned != 1 else "holds"
@@ -267,6 +269,11 @@ def _past_wedge_after(obs: Observation, s: ProbeSettings, now: float, got: str) 
     stalled = load.stalled() if load is not None and load.ok else None
     cpu = _work_note(obs)
     said = f"; {load.describe()}" if load is not None and load.ok and load.queued else ""
+    if behind:
+        said += (
+            f"; {_abandoned(behind)} sent after it wait{'s' if behind == 1 else ''} behind "
+            "it, holding nobody up until it is served"
+        )
     still = f", its progress counter still for {_s(stalled)}" if said and stalled else ""
     return State.BUSY, (
         f"{_clients(live)} being served{cpu}; the probe has waited {_s(waited)}{said}{still}"
@@ -296,6 +303,33 @@ def _work_note(obs: Observation) -> str:
     if work.percent is None and work.unknown:
         return f" (its GPU time cannot be read: {work.unknown}; its CPU says nothing here)"
     return f" (GPU {work.percent:.0f}%)" if work.percent is not None else ""
+
+
+QUEUE_GAP = 0.05  # s: a request whose last byte came this much later was sent after the other
+
+
+def queued_behind(obs: Observation, now: float) -> int:
+    """Abandoned requests that were all sent after a live client the server still owes an
+    answer: queued behind the work of someone who waits, they hold nobody up until it is done
+    (a tiny request that left behind a patient client's long prompt is no wedge). Told by the
+    kernel's byte counts (a request received, its answer not yet sent) and their order; 0
+    where either cannot be read, and the abandoned work is judged as before."""
+    clients = obs.process.clients
+    left = [c for c in clients if c.status == "abandoned"]
+    ahead = [c.sent for c in clients if c.status == "live" and _owed(c, now)]
+    if not left or not ahead or any(c.received is None for c in left):
+        return 0
+    return len(left) if min(c.sent for c in left) > min(ahead) + QUEUE_GAP else 0
+
+
+def _owed(c: Client, now: float) -> bool:
+    """A live client that asked (it sent bytes) and is owed its answer: nothing sent back
+    since its request came, or being sent to now (an idle keep-alive connection is neither)."""
+    if not c.received or c.sent_at is None:
+        return False
+    if c.answered_at is None:
+        return True
+    return c.answered_at < c.sent_at or now - c.answered_at < FED_WITHIN
 
 
 FED_WITHIN = 1.0  # s: a connection the server sent data this recently is being answered now
