@@ -790,6 +790,13 @@ def test_doctor_names_each_servers_stack_source(
         server: dict[str, object] = {"name": "m", "url": "http://127.0.0.1:9", "manager": manager}
         if manager == "process":
             server["command"] = [sys.executable, "-m", "mlx_lm", "server"]
+        if manager == "launchd":  # as `server install` writes it: through the launcher
+            plist = tmp_path / "com.example.mlx.plist"
+            args = [sys.executable, str(selfdump.LAUNCHER), "-m", "mlx_lm", "server"]
+            plist.write_bytes(
+                plistlib.dumps({"Label": "com.example.mlx", "ProgramArguments": args})
+            )
+            server.update(label="com.example.mlx", plist=str(plist), log_file=str(tmp_path / "l"))
         raw = {"watchdog": {"state_dir": str(tmp_path / "state")}, "server": [server]}
         (found,) = [f for f in doctor(parse_config(raw), tmp_path) if "stacks" in f.detail]
         return found
@@ -798,6 +805,7 @@ def test_doctor_names_each_servers_stack_source(
     monkeypatch.setattr(os, "geteuid", lambda: 501)  # a user, as the watchdog runs on a Mac
     own = source("process")
     assert own.level == "ok" and "its own dump" in own.detail
+    assert source("launchd").detail == own.detail
     none = source("none")
     assert none.level == "warning" and "py-spy needs root on macOS" in none.detail
     assert 'manager = "process"' in (none.fix or "")

@@ -205,7 +205,12 @@ def _stack_source(server: ServerConfig) -> Iterator[Finding]:
     if not is_local_host(server.host) or server.behind_proxy:
         return
     env = {**os.environ, **server.env}
-    if server.manager == "process" and server.log_file and selfdump.wrap(server.command, env):
+    started = server.manager == "process" and selfdump.wrap(server.command, env) is not None
+    if server.manager == "launchd" and server.plist is not None:
+        doc, _ = _job(server.plist)
+        args = doc.get("ProgramArguments") if doc is not None else None
+        started = isinstance(args, list) and selfdump.launched([str(a) for a in args])
+    if started and server.log_file:
         yield Finding(
             "ok",
             server.name,
@@ -266,6 +271,15 @@ def _spawn_type(server: ServerConfig, system: System) -> Iterator[Finding]:
 
 def process_type(path: Path) -> tuple[str | None, str | None]:
     """A launchd plist's ProcessType (None: unset), or why it could not be read."""
+    doc, problem = _job(path)
+    if doc is None:
+        return None, problem
+    kind = doc.get("ProcessType")
+    return (str(kind) if kind is not None else None), None
+
+
+def _job(path: Path) -> tuple[dict[str, object] | None, str | None]:
+    """A launchd plist read within its size cap, or why it could not be."""
     import plistlib
     from xml.parsers.expat import ExpatError
 
@@ -279,8 +293,7 @@ def process_type(path: Path) -> tuple[str | None, str | None]:
         return None, f"{path}: {exc}"
     if not isinstance(doc, dict):
         return None, f"{path} is not a launchd job (not a dictionary)"
-    kind = doc.get("ProcessType")
-    return (str(kind) if kind is not None else None), None
+    return doc, None
 
 
 def _progress(server: ServerConfig) -> Iterator[Finding]:
