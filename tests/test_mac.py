@@ -851,3 +851,34 @@ def test_the_scheduling_band_is_read_from_ps_on_a_mac(
     monkeypatch.setenv("FAKE_PS_PRI", "31")
     assert clamp(me) is None
     assert clamp(2**22 + 12345) is None  # no such process
+
+
+def test_doctor_reads_a_jobs_plist_within_bounds_whatever_it_holds(tmp_path: Path) -> None:
+    """A server's plist that is garbage, a FIFO or not a job: doctor's Mac checks go on (a
+    FIFO once hung it; garbage raised expat's error), and the job's reader says why."""
+    from mlx_watchdog.act.managers import System
+    from mlx_watchdog.advice.host import mac_findings, read_job
+
+    bad = {
+        "garbage": b"<plist><dict><key>x",
+        "binary": b"\x00\xff\x00 not a plist",
+        "a list": plistlib.dumps([1, 2]),
+        "no arguments": plistlib.dumps({"Label": "x"}),
+    }
+    fifo = tmp_path / "fifo.plist"
+    os.mkfifo(fifo)
+    paths = [fifo]
+    for name, data in bad.items():
+        (tmp_path / f"{name}.plist").write_bytes(data)
+        paths.append(tmp_path / f"{name}.plist")
+    for path in paths:
+        server = {"name": "m", "url": "http://127.0.0.1:9", "manager": "launchd", "label": "x"}
+        raw = {
+            "watchdog": {"state_dir": str(tmp_path / "s")},
+            "server": [{**server, "plist": str(path)}],
+        }
+        found = list(mac_findings(parse_config(raw), tmp_path, System(), python=sys.executable))
+        assert all(f.level != "problem" for f in found), found
+    assert read_job(fifo)[0] is None and read_job(fifo)[1]
+    assert read_job(tmp_path / "garbage.plist")[0] is None
+    assert "not a launchd job" in (read_job(tmp_path / "a list.plist")[1] or "")

@@ -16,7 +16,7 @@ from mlx_watchdog.advice.balancer import findings as balancer_findings
 from mlx_watchdog.advice.balancer import served_at
 from mlx_watchdog.advice.calibrate import Advice, refusal, serving_process
 from mlx_watchdog.advice.finding import Finding, Level, exit_code
-from mlx_watchdog.advice.host import mac_findings, service_findings
+from mlx_watchdog.advice.host import mac_findings, read_job, service_findings
 from mlx_watchdog.advice.litellm import LiteLLMConfigError, fallback_problems, load
 from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.config.programs import unrunnable
@@ -33,7 +33,7 @@ from mlx_watchdog.sense.load import LoadReader
 from mlx_watchdog.sense.models import check_models
 from mlx_watchdog.sense.probe import OK, Probe
 from mlx_watchdog.sense.process import is_local_host
-from mlx_watchdog.sense.progress import PARSED_KINDS, PLIST_MAX, progress_source, unread_cost
+from mlx_watchdog.sense.progress import PARSED_KINDS, progress_source, unread_cost
 from mlx_watchdog.sense.sched import Clamp, clamp
 from mlx_watchdog.serve.client import DaemonNotRunning, live_status
 
@@ -207,7 +207,7 @@ def _stack_source(server: ServerConfig) -> Iterator[Finding]:
     env = {**os.environ, **server.env}
     started = server.manager == "process" and selfdump.wrap(server.command, env) is not None
     if server.manager == "launchd" and server.plist is not None:
-        doc, _ = _job(server.plist)
+        doc, _ = read_job(server.plist)
         args = doc.get("ProgramArguments") if doc is not None else None
         started = isinstance(args, list) and selfdump.launched([str(a) for a in args])
     if started and server.log_file:
@@ -271,29 +271,11 @@ def _spawn_type(server: ServerConfig, system: System) -> Iterator[Finding]:
 
 def process_type(path: Path) -> tuple[str | None, str | None]:
     """A launchd plist's ProcessType (None: unset), or why it could not be read."""
-    doc, problem = _job(path)
+    doc, problem = read_job(path)
     if doc is None:
         return None, problem
     kind = doc.get("ProcessType")
     return (str(kind) if kind is not None else None), None
-
-
-def _job(path: Path) -> tuple[dict[str, object] | None, str | None]:
-    """A launchd plist read within its size cap, or why it could not be."""
-    import plistlib
-    from xml.parsers.expat import ExpatError
-
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(PLIST_MAX + 1)
-        if len(data) > PLIST_MAX:
-            return None, f"{path} is larger than {PLIST_MAX >> 20} MiB"
-        doc = plistlib.loads(data)
-    except (OSError, plistlib.InvalidFileException, ValueError, ExpatError) as exc:
-        return None, f"{path}: {exc}"
-    if not isinstance(doc, dict):
-        return None, f"{path} is not a launchd job (not a dictionary)"
-    return doc, None
 
 
 def _progress(server: ServerConfig) -> Iterator[Finding]:

@@ -11,6 +11,8 @@ from mlx_watchdog import service
 from mlx_watchdog.act.managers import System
 from mlx_watchdog.advice.finding import Finding
 from mlx_watchdog.config import Config, ServerConfig
+from mlx_watchdog.sense.files import open_regular
+from mlx_watchdog.sense.progress import PLIST_MAX
 
 
 def service_findings(system: System, home: Path, env: Mapping[str, str]) -> Iterator[Finding]:
@@ -120,13 +122,28 @@ def mac_findings(config: Config, home: Path, system: System, *, python: str) -> 
 def _models(server: ServerConfig) -> list[str]:
     args = list(server.command)
     if server.plist is not None and server.plist.exists():
-        import plistlib
-
-        try:
-            args = [str(a) for a in plistlib.loads(server.plist.read_bytes())["ProgramArguments"]]
-        except (OSError, ValueError, KeyError):
-            args = []
+        doc, _ = read_job(server.plist)
+        found = doc.get("ProgramArguments") if doc is not None else None
+        args = [str(a) for a in found] if isinstance(found, list) else []
     return [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--model", "--draft-model")]
+
+
+def read_job(path: Path) -> tuple[dict[str, object] | None, str | None]:
+    """A launchd plist read within its size cap, or why it could not be."""
+    import plistlib
+    from xml.parsers.expat import ExpatError
+
+    try:
+        with open_regular(path) as fh:
+            data = fh.read(PLIST_MAX + 1)
+        if len(data) > PLIST_MAX:
+            return None, f"{path} is larger than {PLIST_MAX >> 20} MiB"
+        doc = plistlib.loads(data)
+    except (OSError, plistlib.InvalidFileException, ValueError, ExpatError) as exc:
+        return None, f"{path}: {exc}"
+    if not isinstance(doc, dict):
+        return None, f"{path} is not a launchd job (not a dictionary)"
+    return doc, None
 
 
 def _protected(path: Path, home: Path) -> str | None:
