@@ -410,6 +410,19 @@ def serving(store: Store) -> bool:
     return any(p.state == "healthy" for p in store.probes("mac", 0.0))
 
 
+class MacDaemon:
+    """A daemon watching the Mac-like server it runs, once that server has served a probe."""
+
+    def __init__(self, tmp_path: Path, run_daemon: Callable[[object], DaemonThread]) -> None:
+        self.port = free_port()
+        server = mac_server(self.port, tmp_path)
+        config = parse_config(watchdog_config(tmp_path / "state", [server]))
+        self.t = run_daemon(Daemon(config).open())
+        self.store = self.t.daemon.store
+        until(lambda: serving(self.store), 30, "the first healthy probe")
+        self.pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+
+
 @pytest.mark.parametrize(
     ("where", "ioreg", "restarted"),
     [("darwin", "", False), ("darwin", "fail", False), ("linux", "", True)],
@@ -430,12 +443,8 @@ def test_a_live_clients_long_gpu_prefill_is_never_restarted_on_a_mac(
     on_a_mac(monkeypatch, tmp_path, where)
     monkeypatch.setenv("FAKE_IOREG", ioreg)
     monkeypatch.setenv("FAKE_NETSTAT", "garbage" if ioreg else "")
-    port = free_port()
-    config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
-    t = run_daemon(Daemon(config).open())
-    store = t.daemon.store
-    until(lambda: serving(store), 30, "the first healthy probe")
-    pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    mac = MacDaemon(tmp_path, run_daemon)
+    t, store, port, pid = mac.t, mac.store, mac.port, mac.pid
     cpu_before = sum(psutil.Process(pid).cpu_times()[:2])
     started = time.monotonic()
     got = ask(port, 10.0)
@@ -464,13 +473,9 @@ def test_a_hung_gpu_under_abandoned_work_is_restarted_on_its_flat_gpu_time(
     bounds the wait); once the GPU hangs (no token, its time flat), the wait ends on that sign
     within a few looks, long before the bound, and the server is restarted."""
     on_a_mac(monkeypatch, tmp_path)
-    port = free_port()
     restarts_took(tmp_path / "state", "mac", 60.0)  # the wait's bound: a restart costs 60 s
-    config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
-    t = run_daemon(Daemon(config).open())
-    store = t.daemon.store
-    until(lambda: serving(store), 30, "the first healthy probe")
-    pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    mac = MacDaemon(tmp_path, run_daemon)
+    t, store, port, pid = mac.t, mac.store, mac.port, mac.pid
     since = time.time()
     assert ask(port, 60.0, leave_after=0.5).get("error")  # it gives up; the server works on
 
@@ -653,12 +658,8 @@ def test_a_hung_gpu_with_no_client_is_a_deadlock_told_by_the_servers_own_stack(
     dumps its own stacks through the launcher: with its GPU time flat and its generation thread
     there, nothing moving and no client, the cause is a deadlock, named from that stack."""
     on_a_mac(monkeypatch, tmp_path)
-    port = free_port()
-    config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
-    t = run_daemon(Daemon(config).open())
-    store = t.daemon.store
-    until(lambda: serving(store), 30, "the first healthy probe")
-    pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    mac = MacDaemon(tmp_path, run_daemon)
+    t, store, pid = mac.t, mac.store, mac.pid
     assert selfdump.launched(psutil.Process(pid).cmdline())
     os.kill(pid, signal.SIGUSR1)  # the GPU hangs: the next probe waits for good
     until(lambda: store.restarts("mac", 0.0), 60, "the restart")
@@ -729,12 +730,8 @@ def test_a_metal_death_only_macos_logged_names_the_cause(
     monkeypatch.setenv(
         "FAKE_UNIFIED_LOG", str(MACOS / "unifiedlog_IOGPUMetalError_oom_mlxserve321.txt")
     )
-    port = free_port()
-    config = parse_config(watchdog_config(tmp_path / "state", [mac_server(port, tmp_path)]))
-    t = run_daemon(Daemon(config).open())
-    store = t.daemon.store
-    until(lambda: serving(store), 30, "the first healthy probe")
-    pid = next(int(p.stem) for p in tmp_path.glob("*.gpu"))
+    mac = MacDaemon(tmp_path, run_daemon)
+    t, store, pid = mac.t, mac.store, mac.pid
     os.kill(pid, signal.SIGUSR1)
     until(lambda: store.restarts("mac", 0.0), 60, "the restart")
     (incident,) = store.incidents(0.0)
