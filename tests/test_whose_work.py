@@ -4,12 +4,19 @@ request received, its answer not yet sent) and the order the requests came in.""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from dataclasses import replace
 
+import psutil
+
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.states import State
 from mlx_watchdog.judge.verdict import judge
 from mlx_watchdog.sense.findings import Client, ProcessSample
 from mlx_watchdog.sense.observation import Observation
+from mlx_watchdog.sense.process import Inspector
+from tests.conftest import Running, until
 from tests.judging import MODELS_OK, T0, S, proc, waiting
 
 NOW = T0 + S.wedge_after + 5
@@ -79,3 +86,29 @@ def test_the_queue_behind_a_live_client_is_still_bounded() -> None:
     late = T0 + S.max_busy + 1
     state, reason = look(PATIENT, TINY_BEHIND, now=late)
     assert state == State.WEDGED and "max_busy" in reason
+
+
+def test_a_connection_that_sent_nothing_is_no_client(
+    bad_server: Callable[..., Running],
+) -> None:
+    """A socket held open that asked for nothing is no live client (it kept a wedged server
+    "busy" to max_busy, and counted as a client waiting behind the wedge under `drain`); the
+    request it then sends makes it one."""
+    srv = bad_server("hang")
+    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"))
+    idle = socket.create_connection(("127.0.0.1", srv.port))
+    try:
+        until(lambda: _held(srv.proc.pid, srv.port), 10, "the server to hold the connection")
+        seen = inspector.sample()
+        assert seen.pid == srv.proc.pid and (seen.live, seen.abandoned) == (0, 0), seen
+        idle.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        assert until(lambda: inspector.sample().live == 1, 10, "the request to make a client")
+    finally:
+        idle.close()
+
+
+def _held(pid: int, port: int) -> bool:
+    return any(
+        c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port and c.raddr
+        for c in psutil.Process(pid).net_connections("tcp")
+    )

@@ -363,7 +363,9 @@ class Inspector:
         self, conns: Iterable[Any], port: int, exclude: Iterable[Address], now: float
     ) -> dict[Address, Client]:
         """The clients on the server's port, each first seen as before; a connection newly in
-        CLOSE_WAIT is a client that gave up (counted once)."""
+        CLOSE_WAIT is a client that gave up (counted once). Where the kernel counts a
+        connection's bytes, one that has sent none asked for nothing: it is no client, live or
+        gone (an idle socket would keep a wedged server "busy" to max_busy)."""
         skip = {_normal(a) for a in exclude}
         seen: dict[Address, Client] = {}
         here = {
@@ -390,6 +392,8 @@ class Inspector:
                 status = "live"
             else:
                 continue
+            if getattr(conn, "received", None) == 0:
+                continue  # it asked nothing yet (a socket held open, a TCP check): no client
             before = self._clients.get(addr)
             first_seen = before.first_seen if before else now
             since = (
