@@ -176,6 +176,34 @@ def test_doctor_finds_the_seeds_traps_in_an_nginx_config(tmp_path: Path) -> None
     assert missing[0][0] == "problem" and "cannot read" in missing[0][1]
 
 
+def test_a_balancer_file_is_read_within_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54: a FIFO hung doctor; 180,000 open `upstream` blocks (a regular expression that
+    looked for each one's end) and 3,000 names (a DNS query each) ran past a minute; `maxconn
+    ³` raised. Each is answered now, and no name is looked up."""
+    from mlx_watchdog.advice.balancer import findings
+
+    looked_up: list[str] = []
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: looked_up.append(name) or "")
+    config = parse_config({"server": [{"name": "mac1", "url": "http://127.0.0.1:8080"}]})
+    fifo = tmp_path / "fifo.cfg"
+    os.mkfifo(fifo)
+    said = list(findings(fifo, config, {}, set()))
+    assert said[0][0] == "problem" and "cannot read" in said[0][1]
+    blocks = tmp_path / "blocks.cfg"
+    blocks.write_text("upstream a {\n" * 180_000)
+    assert list(findings(blocks, config, {"mac1": NEED}, {"mac1"}))  # answered
+    names = tmp_path / "names.cfg"
+    lines = "".join(f"    server n{i}.invalid:8080;\n" for i in range(3000))
+    names.write_text(f"upstream many {{\n{lines}}}\n")
+    assert list(findings(names, config, {"mac1": NEED}, {"mac1"}))
+    assert looked_up == []
+    odd = tmp_path / "odd.cfg"
+    odd.write_text("backend mlx\n    retries ³\n    server a 127.0.0.1:8080 maxconn ³\n")
+    assert list(findings(odd, config, {"mac1": NEED}, {"mac1"}))  # no traceback
+
+
 @pytest.fixture
 def haproxy() -> str:
     return system_tool("haproxy")

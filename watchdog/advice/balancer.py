@@ -17,7 +17,8 @@ from pathlib import Path
 from mlx_watchdog.advice.calibrate import Advice
 from mlx_watchdog.advice.finding import Level
 from mlx_watchdog.config import Config, ServerConfig
-from mlx_watchdog.sense.process import is_local_host
+from mlx_watchdog.sense.files import open_regular
+from mlx_watchdog.sense.process import is_local_address
 
 MAX_BALANCER_CONFIG = 2 * 2**20  # bytes of a balancer config read at most
 
@@ -43,7 +44,7 @@ class Upstream:
 
 def load(path: Path) -> list[Upstream]:
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is no config: never waited on
             text = f.read(MAX_BALANCER_CONFIG).decode("utf-8", "replace")
     except OSError as exc:
         raise BalancerConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -108,10 +109,10 @@ def _haproxy(text: str) -> list[Upstream]:
                     "haproxy",
                     name,
                     words[2] if len(words) > 2 else "?",
-                    maxconn=int(maxconn) if maxconn and maxconn.isdigit() else None,
+                    maxconn=_number(maxconn),
                     timeout_s=_seconds(settings.get("timeout server", "")),
                     queue_s=queue,
-                    retries=int(retries) if retries.isdigit() else 3,
+                    retries=_number(retries) or 3,
                     redispatch="option redispatch" in settings,
                     retry_on=settings.get("retry-on", "conn-failure"),
                 )
@@ -119,14 +120,38 @@ def _haproxy(text: str) -> list[Upstream]:
     return found
 
 
+def _number(text: str | None) -> int | None:
+    """Digits as ASCII only ("³" is a digit to str.isdigit, not to int)."""
+    return int(text) if text and text.isascii() and text.isdigit() else None
+
+
+def _blocks(text: str) -> dict[str, str]:
+    """Each `upstream NAME { ... }` block's body, in one pass: a regular expression that looks
+    for each block's closing brace from every opening one took time with the square of the
+    blocks left open (180,000 of them ran past a minute)."""
+    found: dict[str, str] = {}
+    name, start = None, 0
+    for m in re.finditer(r"\bupstream\s+(\S+)\s*\{|\}", text):
+        if m.group(1) is not None:
+            name, start = m.group(1), m.end()
+        elif name is not None:
+            found.setdefault(name, text[start : m.start()])
+            name = None
+    return found
+
+
 def _nginx(text: str) -> list[Upstream]:
-    upstreams = dict(re.findall(r"\bupstream\s+(\S+)\s*\{([^}]*)\}", text))
+    upstreams = _blocks(text)
     read = re.search(r"\bproxy_read_timeout\s+([^;]+);", text)
     nxt = re.search(r"\bproxy_next_upstream\s+([^;]+);", text)
     timeout = _seconds(read.group(1), "s") if read else 60.0  # nginx's default
     found = []
     for name, body in upstreams.items():
-        for address, params in re.findall(r"\bserver\s+(\S+)([^;]*);", body):
+        for line in body.split(";")[:-1]:  # each ends with its ";"
+            server = re.match(r"\s*server\s+(\S+)(.*)", line, re.S)
+            if server is None:
+                continue
+            address, params = server.group(1), server.group(2)
             conns = re.search(r"\bmax_conns=(\d+)", params)
             found.append(
                 Upstream(
@@ -232,14 +257,17 @@ def _said(seconds: float | None) -> str:
 
 def _served(address: str, config: Config) -> ServerConfig | None:
     host, _, port = address.rpartition(":")
-    return served_at(host, int(port), config) if port.isdigit() else None
+    number = _number(port)
+    return served_at(host, number, config) if number is not None else None
 
 
 def served_at(host: str, port: int | None, config: Config) -> ServerConfig | None:
-    """The watched server a balancer or proxy sends to at host:port (loopback names alike)."""
+    """The watched server a balancer or proxy sends to at host:port (loopback names alike).
+    No name is looked up: a file naming thousands of hosts costs no DNS query (each could wait
+    seconds); a name matches a watched server's as written, or as this machine's own."""
     for server in config.servers:
         if port != server.port:
             continue
-        if host == server.host or (is_local_host(host) and is_local_host(server.host)):
+        if host == server.host or (is_local_address(host) and is_local_address(server.host)):
             return server
     return None

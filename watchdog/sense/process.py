@@ -230,15 +230,28 @@ def _normal_ip(ip: str) -> str:
 
 
 def is_local_host(host: str) -> bool:
+    """This machine, by its name, an address of its own, or a name that resolves to one."""
+    if is_local_address(host):
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return False  # an address, not this machine's
+    except ValueError:
+        pass
+    try:
+        return is_local_address(socket.gethostbyname(host))
+    except OSError:
+        return False
+
+
+def is_local_address(host: str) -> bool:
+    """This machine, told without a DNS query: localhost, its name, or an address of its own."""
     if host in ("localhost", socket.gethostname()):
         return True
     try:
-        ip = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        try:
-            ip = ipaddress.ip_address(socket.gethostbyname(host))
-        except OSError:
-            return False
+        return False
     if ip.is_loopback or ip.is_unspecified:
         return True
     return str(ip) in local_addresses()
