@@ -237,7 +237,12 @@ def test_a_count_that_stops_moving_tells_how_long_it_has_been_quiet() -> None:
     assert moved.quiet(row, 12.5) == (2500, 2500)
     grown = netstat.Connection(row.local, row.remote, row.state, 100, 900, 1)
     assert moved.quiet(grown, 13.0) == (3000, 0)
-    moved.keep(set())
+    other = netstat.Connection(("127.0.0.1", 9090), ("127.0.0.1", 50001), "ESTABLISHED", 7, 7, 2)
+    moved.quiet(other, 13.0)
+    moved.keep(set(), 9090)  # another server's port looked at: this one's are kept
+    assert moved.quiet(grown, 13.5) == (3500, 500)
+    assert moved.quiet(other, 14.0) == (None, None)
+    moved.keep(set(), 8080)
     assert moved.quiet(grown, 14.0) == (None, None)  # gone, then a new connection
 
 

@@ -69,7 +69,7 @@ def take(
     tail, log_problem = _log_tail(log_file)
     sockets = _sockets(pid)
     stack, stack_problem = None, None
-    if pid is not None and log_file is not None and (platform.is_mac() or not stack_command(pid)):
+    if pid is not None and log_file is not None and own_first(pid):
         stack, stack_problem = selfdump.dump(pid, log_file)  # its own, where no tool serves
     if stack is None:
         stack, stack_problem = stack_text(pid, max(0.1, budget - (mono() - start)), run)
@@ -95,6 +95,12 @@ def stack_command(pid: int) -> list[str] | None:
     if mac and os.geteuid() != 0 and shutil.which("sample"):
         return ["sample", str(pid), "1", "-file", "/dev/stdout"]
     return None if spy is None else [spy, "dump", "--pid", str(pid)]
+
+
+def own_first(pid: int, command: Callable[[int], list[str] | None] = stack_command) -> bool:
+    """The server's own dump (sense/selfdump.py) before a tool: on a Mac (py-spy needs root
+    there, `sample` has no Python frames), or where no tool is installed."""
+    return platform.is_mac() or command(pid) is None
 
 
 def stack_text(

@@ -139,7 +139,8 @@ class Mover:
         self._seen[key] = (row.rx, row.tx, rx_at, tx_at)
         return round((now - rx_at) * 1000), round((now - tx_at) * 1000)
 
-    def keep(self, keys: set[tuple[Endpoint, Endpoint]]) -> None:
-        """Forget connections that are gone."""
-        for key in [k for k in self._seen if k not in keys]:
+    def keep(self, keys: set[tuple[Endpoint, Endpoint]], port: int) -> None:
+        """Forget the connections on `port` that are gone (one table serves every server:
+        another port's are its own to keep)."""
+        for key in [k for k in self._seen if k[0][1] == port and k not in keys]:
             del self._seen[key]

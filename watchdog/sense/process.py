@@ -86,7 +86,7 @@ class ProcessTable:
             for r in rows
             if r.remote is not None and r.local[1] == port
         }
-        self.moved.keep(set(by_ends))
+        self.moved.keep(set(by_ends), port)
         out: list[Any] = []
         for c in conns:
             row = by_ends.get(_ends(c)) if c.raddr and c.laddr else None

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mlx_watchdog.sense import platform, selfdump
-from mlx_watchdog.sense.dump import RunCommand, stack_command, stack_text
+from mlx_watchdog.sense import selfdump
+from mlx_watchdog.sense.dump import RunCommand, own_first, stack_command, stack_text
 from mlx_watchdog.sense.signs import StackSample, ThreadStack
 from mlx_watchdog.sense.text import printable
 
@@ -40,8 +40,12 @@ FAULT_THREAD = re.compile(
 FAULT_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)\s*$')
 
 
-def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
-    """The threads of a `py-spy dump`; None when the text has none (not py-spy's)."""
+Head = Callable[[str], "tuple[str, bool | None] | None"]  # a line -> a thread's name, idle
+Frame = Callable[[str], "str | None"]  # a line -> a frame's function
+
+
+def _threads(text: str, head: Head, frame: Frame) -> tuple[ThreadStack, ...] | None:
+    """A dump's threads, each with its frames innermost first; None when it has none."""
     threads: list[ThreadStack] = []
     name: str | None = None
     idle: bool | None = None
@@ -52,48 +56,47 @@ def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
             threads.append(ThreadStack(name, tuple(frames[:FRAMES_MAX]), idle))
 
     for line in text.splitlines():
-        head = THREAD.match(line)
-        if head is not None:
+        began = head(line)
+        if began is not None:
             close()
-            name, idle, frames = printable(head.group(2))[:120], head.group(1) == "idle", []
+            (name, idle), frames = began, []
             continue
-        frame = FRAME.match(line) if name is not None else None
-        if frame is not None:
-            frames.append(printable(frame.group(1))[:200])
+        function = frame(line) if name is not None else None
+        if function is not None:
+            frames.append(printable(function)[:200])
     close()
     return tuple(threads) if threads else None
 
 
-OWN = "faulthandler"  # the server's own dump, through the watchdog's launcher
+def parse_py_spy(text: str) -> tuple[ThreadStack, ...] | None:
+    """The threads of a `py-spy dump`; None when the text has none (not py-spy's)."""
 
+    def head(line: str) -> tuple[str, bool | None] | None:
+        m = THREAD.match(line)
+        return (printable(m.group(2))[:120], m.group(1) == "idle") if m else None
 
-def own_first(pid: int | None, command: Callable[[int], list[str] | None]) -> bool:
-    """The server's own dump before a tool: on a Mac (py-spy needs root there, `sample` has no
-    Python frames), or where no tool is installed."""
-    return platform.is_mac() or pid is None or command(pid) is None
+    def frame(line: str) -> str | None:
+        m = FRAME.match(line)
+        return m.group(1) if m else None
+
+    return _threads(text, head, frame)
 
 
 def parse_faulthandler(text: str) -> tuple[ThreadStack, ...] | None:
     """The threads of a faulthandler dump (no names, no idle marks); None when it has none."""
-    threads: list[ThreadStack] = []
-    name: str | None = None
-    frames: list[str] = []
 
-    def close() -> None:
-        if name is not None and len(threads) < THREADS_MAX:
-            threads.append(ThreadStack(name, tuple(frames[:FRAMES_MAX])))
+    def head(line: str) -> tuple[str, bool | None] | None:
+        m = FAULT_THREAD.match(line)
+        return (f"Thread {m.group(1)}", None) if m else None
 
-    for line in text.splitlines():
-        head = FAULT_THREAD.match(line)
-        if head is not None:
-            close()
-            name, frames = f"Thread {head.group(1)}", []
-            continue
-        frame = FAULT_FRAME.match(line) if name is not None else None
-        if frame is not None:
-            frames.append(printable(frame.group(3))[:200])
-    close()
-    return tuple(threads) if threads else None
+    def frame(line: str) -> str | None:
+        m = FAULT_FRAME.match(line)
+        return m.group(3) if m else None
+
+    return _threads(text, head, frame)
+
+
+OWN = "faulthandler"  # the server's own dump, through the watchdog's launcher
 
 
 class Stacker:
@@ -121,7 +124,11 @@ class Stacker:
             return self.last
         self._at = now
         own = pid is not None and log is not None and selfdump.launched(cmdline)
-        got = self._own(pid, log) if own and own_first(pid, self.command) else None
+        got = (
+            self._own(pid, log)
+            if own and pid is not None and own_first(pid, self.command)
+            else None
+        )
         self.last = got if got is not None and got.threads is not None else self._take(pid)
         return self.last
 
