@@ -38,7 +38,7 @@ from mlx_watchdog.config import parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.sense import gpu, netstat, platform
 from tests.badserver import uptime_ns
-from tests.builders import badserver_argv, restarts_took, watchdog_config
+from tests.builders import mac_like_server, restarts_took, watchdog_config
 from tests.conftest import free_port
 
 FAKES = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "mac"
@@ -85,21 +85,7 @@ def costs(folder: Path, n: int) -> dict[str, Any]:
 
 
 def server(port: int, folder: Path) -> dict[str, Any]:
-    return {
-        "name": "mac",
-        "url": f"http://127.0.0.1:{port}",
-        "manager": "process",
-        "match": "badserver",
-        "command": badserver_argv(port, "gpu", "--gpu-dir", str(folder), "--rate", str(RATE)),
-        "probe": {
-            "slow_after": "500ms",
-            "wedge_after": f"{WEDGE_AFTER:g}s",
-            "max_busy": "5m",
-            "startup_grace": "10s",
-            "hard_timeout": "10m",
-        },
-        "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
-    }
+    return mac_like_server(port, folder, rate=RATE, wedge_after=f"{WEDGE_AFTER:g}s", max_busy="5m")
 
 
 def ask(port: int, seconds: float, leave_after: float | None = None) -> str:
@@ -226,34 +212,33 @@ def main() -> None:
                 f"{c['command_cpu_ms_median']} ms, {c['wall_ms_median']} ms wall",
                 flush=True,
             )
-        os.environ["FAKE_GPU_DIR"] = str(folder / "live")
-        (folder / "live").mkdir()
-        doc["live_client"] = live_client(folder / "live", 10.0 if args.quick else 30.0)
-        r = doc["live_client"]
-        print(
-            f"a live client's {r['prefill_s']:g} s GPU prefill: {r['client']} in {r['took_s']} s, "
-            f"{r['restarts']} restarts, {r['wedged_verdicts']} wedged verdicts; "
-            f"last: {r['last_said']}",
-            flush=True,
-        )
-        os.environ["FAKE_GPU_DIR"] = str(folder / "hung")
-        (folder / "hung").mkdir()
-        doc["hung_gpu"] = hung_gpu(folder / "hung")
-        r = doc["hung_gpu"]
-        print(
-            f"the GPU hangs under abandoned work: restarted {r['hang_to_restart_s']} s "
-            f"({r['looks']} looks of {INTERVAL:g} s) after; {r['said']}",
-            flush=True,
-        )
-        os.environ["FAKE_GPU_DIR"] = str(folder / "at-once")
-        (folder / "at-once").mkdir()
-        doc["hung_at_once"] = hung_at_once(folder / "at-once")
-        r = doc["hung_at_once"]
-        print(
-            f"the GPU hangs as its client leaves: restarted {r['leave_to_restart_s']} s after "
-            f"(wedge_after {WEDGE_AFTER:g} s + {r['looks_past_wedge_after']} looks)",
-            flush=True,
-        )
+        seconds = 10.0 if args.quick else 30.0
+        cases: list[tuple[str, Any, str]] = [
+            (
+                "live_client",
+                lambda at: live_client(at, seconds),
+                "a live client's {prefill_s:g} s GPU prefill: {client} in {took_s} s, "
+                "{restarts} restarts, {wedged_verdicts} wedged verdicts; last: {last_said}",
+            ),
+            (
+                "hung_gpu",
+                hung_gpu,
+                "the GPU hangs under abandoned work: restarted {hang_to_restart_s} s "
+                f"({{looks}} looks of {INTERVAL:g} s) after; {{said}}",
+            ),
+            (
+                "hung_at_once",
+                hung_at_once,
+                "the GPU hangs as its client leaves: restarted {leave_to_restart_s} s after "
+                f"(wedge_after {WEDGE_AFTER:g} s + {{looks_past_wedge_after}} looks)",
+            ),
+        ]
+        for name, run, said in cases:
+            at = folder / name
+            at.mkdir()
+            os.environ["FAKE_GPU_DIR"] = str(at)
+            doc[name] = run(at)
+            print(said.format(**doc[name]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2))
 

@@ -76,6 +76,29 @@ def badserver_argv(port: int, mode: str = "ok", *extra: str) -> list[str]:
     return [sys.executable, str(script), "--port", str(port), "--mode", mode, *extra]
 
 
+def mac_like_server(
+    port: int, gpu_dir: Path, *, rate: int, wedge_after: str, max_busy: str
+) -> dict[str, Any]:
+    """tests/badserver.py as MLX is on a Mac (`--mode gpu`: serial, its prefill waits while its
+    GPU time climbs in `gpu_dir`), run by the watchdog (`manager = "process"`)."""
+    argv = badserver_argv(port, "gpu", "--gpu-dir", str(gpu_dir), "--rate", str(rate))
+    return {
+        "name": "mac",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "badserver",
+        "command": argv,
+        "probe": {
+            "slow_after": "500ms",
+            "wedge_after": wedge_after,
+            "max_busy": max_busy,
+            "startup_grace": "10s",
+            "hard_timeout": "10m",
+        },
+        "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
+    }
+
+
 def command_server(
     url: str, pidfile: Path, port: int, *, delay: float = 0.0, probe: dict[str, str] = QUICK_TOML
 ) -> dict[str, Any]:

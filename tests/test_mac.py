@@ -40,7 +40,7 @@ from mlx_watchdog.sense.signs import Signs
 from mlx_watchdog.sense.stack import parse_faulthandler
 from mlx_watchdog.sense.tool import Unreadable
 from mlx_watchdog.sense.work import WorkMeter, computes_on
-from tests.builders import badserver_argv, restarts_took, watchdog_config, watched
+from tests.builders import mac_like_server, restarts_took, watchdog_config, watched
 from tests.conftest import (
     DaemonThread,
     FakeServices,
@@ -374,21 +374,7 @@ RATE = 1000  # the stand-in's prefill, tokens a second: 4 bytes of body a token
 
 
 def mac_server(port: int, gpu_dir: Path) -> dict[str, object]:
-    return {
-        "name": "mac",
-        "url": f"http://127.0.0.1:{port}",
-        "manager": "process",
-        "match": "badserver",
-        "command": badserver_argv(port, "gpu", "--gpu-dir", str(gpu_dir), "--rate", str(RATE)),
-        "probe": {
-            "slow_after": "500ms",
-            "wedge_after": "2s",
-            "max_busy": "2m",
-            "startup_grace": "10s",
-            "hard_timeout": "5m",
-        },
-        "restart": {"max_restarts": 2, "window": "1h", "backoff": "1s"},
-    }
+    return mac_like_server(port, gpu_dir, rate=RATE, wedge_after="2s", max_busy="2m")
 
 
 def on_a_mac(monkeypatch: pytest.MonkeyPatch, gpu_dir: Path, where: str = "darwin") -> None:
