@@ -133,6 +133,25 @@ def restarts_took(state: Path, server: str, seconds: float) -> None:
         store.close()
 
 
+def calibrated_at(state: Path, server: str, rate_tps: float, bytes_per_token: float) -> None:
+    """A calibration in the history: `server` prefills `rate_tps` tokens a second, its prompts
+    `bytes_per_token` bytes of a request a token (what progress lines are held against)."""
+    import time
+
+    from mlx_watchdog.advice.calibrate import Calibration, Fit, Point
+    from mlx_watchdog.record.store import open_history
+
+    points = tuple(
+        Point(n, n / rate_tps, None, int(n * bytes_per_token)) for n in (1024, 4096, 16384)
+    )
+    doc = Calibration(server, 0.0, points, Fit(0.0, 1 / rate_tps, 0.0), 50.0).to_json()
+    store = open_history(state)
+    try:
+        store.save_calibration(server, time.time() - 3600, doc)
+    finally:
+        store.close()
+
+
 def one_incident(
     tmp_path: Path, reason: str, evidence: dict[str, Any], dump: dict[str, Any]
 ) -> tuple[Path, int]:

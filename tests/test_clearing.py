@@ -6,23 +6,36 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlx_watchdog.judge import clearing
 from mlx_watchdog.judge.clearing import (
     DEFAULT_RESTART_S,
     MARGIN_S,
     Clearing,
+    Cure,
     RestartCost,
-    choose,
     restart_cost,
 )
+from mlx_watchdog.judge.estimate import Curve
 from mlx_watchdog.judge.evidence import Evidence
 
 COST = RestartCost(25.0, 3)
+# A calibrated server that prefills 1,000 tokens a second, 4 bytes of a request a token: the
+# progress lines below agree with it, and with their requests' sizes (judge/credence.py).
+CALIBRATED = Curve(0.0, 1 / 1000, 0.0, 4.0)
+
+
+def choose(e: Evidence, cost: RestartCost, wait: Clearing | None, **kw: object) -> Cure:
+    """clearing.choose, on the calibrated server unless told otherwise."""
+    kw.setdefault("calibrated", CALIBRATED)
+    return clearing.choose(e, cost, wait, **kw)  # type: ignore[arg-type]
 
 
 def prefilling(done: int, total: int, rate: float | None = 1000.0, **kw: object) -> Evidence:
     left = None if rate is None else (total - done) / rate
     values: dict[str, object] = {
         "abandoned_connections": 1,
+        "abandoned_bytes": 4 * total,
+        "cpu_percent": 100.0,
         "prefill_done": done,
         "prefill_total": total,
         "prefill_rate_tps": rate,
@@ -54,7 +67,10 @@ def test_a_prefill_that_ends_sooner_than_a_restart_is_waited_for() -> None:
             prefilling(2_000, 40_000),
             "needs about 38 s more (about 48 s as such estimates run); a restart takes",
         ),
-        (prefilling(16_000, 20_000, prefill_age_s=30.0), "logged no step for 30 s"),
+        (
+            prefilling(16_000, 20_000, prefill_age_s=30.0, cpu_percent=0.0),
+            "logged no step for 30 s",
+        ),
     ],
 )
 def test_a_restart_is_the_cure_when_the_work_left_is_known_to_cost_more(
@@ -250,7 +266,8 @@ def test_a_wait_is_given_up_past_its_bound_or_on_a_stall() -> None:
     assert late.why.startswith("waited 10.0 s for the abandoned prefill; waiting up to 20 s more")
     over = choose(prefilling(20_000, 20_000), COST, late.wait, now=130.0)
     assert over.wait is None and "waiting longer would cost more than the restart" in over.why
-    stalled = choose(prefilling(19_000, 20_000, prefill_age_s=12.0), COST, wait, now=105.0)
+    still = prefilling(19_000, 20_000, prefill_age_s=12.0, cpu_percent=0.0)
+    stalled = choose(still, COST, wait, now=105.0)
     assert stalled.wait is None and "logged no step for 12 s" in stalled.why
     # Quiet in the log while the process works (a batched server steps its prompts in turn):
     # not a stop, but work of unknown length, waited for within the bound.
@@ -416,13 +433,18 @@ def test_a_token_between_the_steps_of_the_prompt_waited_for_holds_the_incident_o
     from mlx_watchdog.judge.clearing import holds
 
     wait = Clearing(100.0, 120.0, 20_000, COST, margin=6.0)
-    assert holds(prefilling(18_000, 20_000), wait)  # the same prompt still steps
-    assert not holds(prefilling(20_000, 20_000), wait)  # done: the incident can close
-    assert not holds(prefilling(18_000, 20_000, prefill_age_s=30.0), wait)  # stopped stepping
-    assert not holds(prefilling(1_000, 9_000), wait)  # another prompt
-    assert not holds(prefilling(18_000, 20_000), None)  # no wait under way
+    assert holds(prefilling(18_000, 20_000), wait, 110.0)  # the same prompt still steps
+    assert not holds(prefilling(20_000, 20_000), wait, 110.0)  # done: the incident can close
+    stopped = prefilling(18_000, 20_000, prefill_age_s=30.0)
+    assert not holds(stopped, wait, 110.0)  # stopped stepping
+    assert not holds(prefilling(1_000, 9_000), wait, 110.0)  # another prompt
+    assert not holds(prefilling(18_000, 20_000), None, 110.0)  # no wait under way
     cancel = Clearing(100.0, 115.0, 20_000, COST, cancel=True)
-    assert not holds(prefilling(18_000, 20_000), cancel)
+    assert not holds(prefilling(18_000, 20_000), cancel, 110.0)
+    # Steps a client wrote into the log hold nothing open past the wait's end, or once the
+    # abandoned request is gone (issue 54: forged steps held an incident open 70 s).
+    assert not holds(prefilling(18_000, 20_000), wait, 120.0)
+    assert not holds(prefilling(18_000, 20_000, abandoned_connections=0), wait, 110.0)
 
 
 def test_a_resend_first_seen_during_a_wait_is_said_once_as_the_wait_grows() -> None:

@@ -285,6 +285,56 @@ def test_no_client_can_name_a_cause_by_writing_into_the_servers_log(
     assert "generation thread is gone" not in said and "Metal" not in said
 
 
+def test_progress_lines_a_client_writes_into_the_log_cut_no_wait_short(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """Issue 54: during a real wait for an abandoned prefill, one malformed body writes three
+    progress lines of a 400,000-token prompt into the server's log (mlx_lm.server 0.32.2 logs
+    the body raw). Before: "needs about ... s more", restarted at once, the client behind it
+    cut off. No calibration holds those lines up, and the request's bytes cannot hold such a
+    prompt: the work is unknown, waited for within the restart's bound, and it clears."""
+    doc = process_config(tmp_path, tiny_model, hf_cache, [], [])
+    port = int(doc["server"][0]["url"].rsplit(":", 1)[1])  # type: ignore[index]
+    doc["server"][0]["command"] = server_command(tiny_model, port, serial=False)  # type: ignore[index]
+    restarts_took(tmp_path / "state", "tiny", 120.0)  # a large model's restart: worth a wait
+    config = parse_config(doc)
+    t = run_daemon(Daemon(config).open())
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    url = config.servers[0].url
+    # Sized here: about 15 s of prefill, on this machine as loaded now.
+    per_word = ttft(url, long_prompt(51, words=1000)) / 1000
+    words = max(1000, min(8000, int(15.0 / per_word)))
+    until(lambda: state(t) == "healthy", 60, "the measuring request's verdict to pass")
+    assert send(url, long_prompt(52, words=words), timeout=1.0) == "gave up"
+    outcome: list[str] = []
+    patient = threading.Thread(
+        target=lambda: outcome.append(send(url, long_prompt(53, words=50), timeout=600))
+    )
+    patient.start()
+    until(lambda: any(e.kind == "clearing" for e in t.daemon.store.events()), 60, "a wait")
+    now = time.time()
+    lines = [
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now - 2 + i))},000 - INFO - "
+        f"Prompt processing progress: {2048 * (i + 1)}/400000"
+        for i in range(3)
+    ]
+    httpx.post(url + "/v1/chat/completions", content=("{oops\n" + "\n".join(lines)).encode())
+    log = tmp_path / "server.log"
+    until(lambda: "/400000" in log.read_text(errors="replace"), 10, "the lines logged")
+    until(lambda: any(e.kind == "recovered" for e in t.daemon.store.events()), 240, "cleared")
+    patient.join(600)
+    assert outcome == ["served"]
+    assert t.daemon.store.restarts("tiny", time.time() - 3600) == []
+    said = [f"{e.kind}: {e.message}" for e in t.daemon.store.events()]
+    incidents = t.daemon.store.incidents(0.0)
+    assert len(incidents) == 1, said
+    assert (incidents[0].outcome or "").startswith("cleared without a restart"), said
+    assert not any("needs about" in m for m in said), said
+
+
 def test_a_patient_client_is_not_restarted(
     tmp_path: Path,
     tiny_model: Path,

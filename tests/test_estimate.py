@@ -62,26 +62,39 @@ def big(held: float, **kw: object) -> Evidence:
     return Evidence(**values)  # type: ignore[arg-type]
 
 
-def test_unread_work_whose_least_is_more_than_a_restart_is_restarted_at_once() -> None:
+def test_a_requests_size_alone_ends_no_wait_its_estimate_is_only_said() -> None:
+    """Issue 54: a 2 MiB JSON field the server ignores read as 200k tokens, more than a
+    restart, and the server was restarted at once where the wait cleared in a second. A
+    request's size is its client's to choose: the unknown-work bound holds."""
     e = big(10.0)
-    left = work_left(e.abandoned_bytes, e.abandoned_held_s, curve(calibration()))
-    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, estimate=left)
-    assert cure.wait is None
-    assert cure.why.startswith("restarting rather than waiting: its ~781 KiB request is ")
-    assert "90-390 s of it is left: more than a restart; a restart takes about 20 s" in cure.why
+    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, calibrated=curve(calibration()))
+    assert cure.wait is not None and cure.wait.until == pytest.approx(100 + 20 + MARGIN_S)
+    assert cure.why.startswith("waiting while it costs less than a restart: ")
+    assert "(its ~781 KiB request is 100,000-400,000 tokens" in cure.why
 
 
 def test_unread_work_that_may_end_sooner_is_waited_for_within_the_bound_and_says_so() -> None:
     e = big(10.0, abandoned_bytes=40_000)  # 5k-20k tokens: 5-20 s, 0-10 s left
-    left = work_left(e.abandoned_bytes, e.abandoned_held_s, curve(calibration()))
-    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, estimate=left)
+    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, calibrated=curve(calibration()))
     assert cure.wait is not None and cure.wait.until == pytest.approx(100 + 20 + MARGIN_S)
     assert "(its ~39 KiB request is 5,000-20,000 tokens" in cure.why
 
 
-def test_a_resent_prompt_is_waited_for_however_long_its_estimate() -> None:
-    """The retry needs all of that work again: a restart never costs it less."""
+def test_a_resent_prompt_is_waited_for_until_its_abandoned_work_must_have_ended() -> None:
+    """The retry needs all of that work again, so a restart never costs it less; but the
+    resend is a client's bytes, so it stretches the wait only to when the abandoned request's
+    prefill must have ended, its bytes read as a token each (judge/credence.py)."""
     e = big(10.0, retry_bytes=800_000, retry_after_s=0.5, retry_held_s=10.0, live_connections=1)
-    left = work_left(e.abandoned_bytes, e.abandoned_held_s, curve(calibration()))
-    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, estimate=left)
+    found = curve(calibration())
+    cure = choose(e, RestartCost(20.0, 2), None, now=100.0, calibrated=found)
     assert cure.wait is not None and cure.wait.cost.destroyed == 10.0
+    assert cure.wait.until == pytest.approx(100 + 20 + 10 + MARGIN_S)  # the restart, its loss
+    # Held 700 s: 800 KB is 801k tokens at the most, 801 s here: 101 s left at the most.
+    held = big(700.0, retry_bytes=800_000, retry_after_s=0.5, retry_held_s=700.0)
+    long = choose(held, RestartCost(20.0, 2), None, now=1000.0, calibrated=found)
+    assert long.wait is not None
+    assert long.wait.until == pytest.approx(1000 - 700 + (800_000 + 1024) / 1000 + MARGIN_S)
+    # A small abandoned request: its work is done by now, whatever the resend says.
+    small = big(60.0, abandoned_bytes=8_000, retry_bytes=8_000, retry_held_s=60.0)
+    ended = choose(small, RestartCost(20.0, 2), None, now=1000.0, calibrated=found)
+    assert ended.wait is not None and ended.wait.until == pytest.approx(1000 + 20 + MARGIN_S)

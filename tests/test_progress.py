@@ -96,6 +96,25 @@ def test_interleaved_requests_are_followed_each_and_the_latest_long_one_told(
     assert said is not None and said.finished and said.total == 30
 
 
+def test_a_prefill_no_request_on_the_servers_sockets_can_be_is_passed_over(
+    tmp_path: Path,
+) -> None:
+    """Issue 54: a malformed body logged raw writes lines of a 400,000-token prompt between a
+    real prefill's steps. The largest request the kernel counted on the server's sockets is
+    80 kB: no prompt of it is longer than 80,000 tokens (a byte a token at the least) plus a
+    template's, so the real prefill is told; unread sizes pass every line over to nobody."""
+    log = tmp_path / "server.log"
+    text = line(T0, 2048, 19000) + line(T0 + 1, 4096, 19000) + line(T0 + 1.5, 2048, 400000)
+    reader = reader_of(log, text + line(T0 + 2, 4096, 400000), T0 + 3)
+    said = reader.read(80_000)
+    assert said is not None and (said.done, said.total) == (4096, 19000)
+    only = reader_of(tmp_path / "forged.log", line(T0, 2048, 400000), T0 + 1)
+    assert only.read(80_000) is None
+    forged = reader_of(tmp_path / "unread.log", line(T0, 2048, 400000), T0 + 1)
+    said = forged.read(None)
+    assert said is not None and said.total == 400000
+
+
 def test_a_rotated_or_truncated_log_is_read_from_its_start(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     reader = reader_of(log, line(T0, 2048, 9000) * 50)

@@ -46,8 +46,7 @@ from mlx_watchdog.judge.cause import (
     Cause,
 )
 from mlx_watchdog.judge.clearing import Clearing
-from mlx_watchdog.judge.estimate import WorkLeft, curve, work_left
-from mlx_watchdog.judge.evidence import Evidence
+from mlx_watchdog.judge.estimate import curve
 from mlx_watchdog.judge.states import BAD_STATES, EventKind, State
 from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.judge.verdict import Verdict
@@ -264,7 +263,7 @@ class Cycle:
             if v.evidence.tokens > 0 and self.started_mono is not None:
                 self.ledger.record(FirstToken(round(self.mono() - self.started_mono, 1)))
                 self.started_mono = None
-            if v.evidence.tokens > 0 and not self.least.held_down(v, now):
+            if v.evidence.tokens > 0 and not self.least.held_down(v, now, self.mono()):
                 incidents.recovered(self, self.least.first_served or now, recover_s=None, how=how)
             return
         exited = self._exited(v)
@@ -334,7 +333,7 @@ class Cycle:
             waited_before=self.incident is None or self.incident.waited,
             cancel=self.server.profile.cancel if acts else None,
             cap=self.server.probe.max_busy,
-            left=self._work_left(v.evidence),
+            calibrated=curve(self.store.last_calibration(self.server.name)),
         )
         for ended in plan.ended:
             self.record_cure(*ended)
@@ -357,14 +356,6 @@ class Cycle:
         within = round(plan.begins.until - plan.begins.began, 1)
         self.transition(Phase.FAILING, EventKind.CLEARING, said, within_s=within)
         return None
-
-    def _work_left(self, e: Evidence) -> WorkLeft | None:
-        """The abandoned request's work left from its size and the last calibration, where
-        the log says nothing of it."""
-        if e.abandoned_bytes is None or e.prefill_total is not None:
-            return None
-        found = curve(self.store.last_calibration(self.server.name))
-        return work_left(e.abandoned_bytes, e.abandoned_held_s, found)
 
     def record_cure(self, wait: Clearing, outcome: str, detail: str) -> None:
         action = {

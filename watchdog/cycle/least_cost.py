@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from mlx_watchdog.judge import clearing, traffic
 from mlx_watchdog.judge.advice import resend_advice
 from mlx_watchdog.judge.clearing import Clearing, RestartCost
-from mlx_watchdog.judge.estimate import WorkLeft
+from mlx_watchdog.judge.estimate import Curve
 from mlx_watchdog.judge.evidence import Evidence
 from mlx_watchdog.judge.retry import size_label
 from mlx_watchdog.judge.verdict import Verdict
@@ -66,7 +66,7 @@ class LeastCost:
         waited_before: bool,
         cancel: str | None,
         cap: float | None = None,
-        left: WorkLeft | None = None,
+        calibrated: Curve | None = None,
     ) -> Plan:
         """The next step for a wedge that triggers: go on, begin a cancel or a wait, or
         restart. `waited_before`: this incident already gave one cheaper cure its chance
@@ -82,7 +82,13 @@ class LeastCost:
             gave_up = max(e.gave_up_after_s) if e.gave_up_after_s else None
             self.resent = (first, e.retry_bytes, gave_up)
         cure = clearing.choose(
-            evidence, restart_cost, self.clearing, now, cancel=cancel, cap=cap, estimate=left
+            evidence,
+            restart_cost,
+            self.clearing,
+            now,
+            cancel=cancel,
+            cap=cap,
+            calibrated=calibrated,
         )
         began, self.clearing = self.clearing, cure.wait
         ended: tuple[Ended, ...] = () if began is None else ((began, "gave up", cure.why),)
@@ -96,10 +102,11 @@ class LeastCost:
         """The cancel a plan began could not be sent: nothing is under way."""
         self.clearing = None
 
-    def held_down(self, v: Verdict, at: float) -> bool:
+    def held_down(self, v: Verdict, at: float, mono: float) -> bool:
         """A token during a wait whose prompt still steps: the incident stays open (the
-        outage ends at this first token, recorded when the prompt is done)."""
-        if not clearing.holds(v.evidence, self.clearing):
+        outage ends at this first token `at`, recorded when the prompt is done). `mono`:
+        now on the span clock the wait is timed on."""
+        if not clearing.holds(v.evidence, self.clearing, mono):
             return False
         self.first_served = at if self.first_served is None else self.first_served
         return True

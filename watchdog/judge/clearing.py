@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 
 from mlx_watchdog.judge import retry
 from mlx_watchdog.judge.cause import MIN_IDLE_READINGS
-from mlx_watchdog.judge.estimate import WorkLeft
+from mlx_watchdog.judge.credence import progress_doubt, resend_end
+from mlx_watchdog.judge.estimate import Curve, WorkLeft, work_left
 from mlx_watchdog.judge.evidence import Evidence
 
 DEFAULT_RESTART_S = 30.0  # a restart's cost until one was measured here (a mid-size model)
@@ -109,16 +110,21 @@ def choose(
     *,
     cancel: str | None = None,
     cap: float | None = None,
-    estimate: WorkLeft | None = None,
+    calibrated: Curve | None = None,
 ) -> Cure:
     """Cancel, wait or restart, for a wedged verdict's evidence; `clearing` is the cure under
     way. `cancel`: the kind's cancel style ("by_id": by request id, so only requests older
     than every live client are cancelled; "abort_all": only when no live client is there).
     `cap`: the longest one incident waits whatever the costs say (the server's max_busy);
-    `estimate`: the work left where the log says nothing of it (judge/estimate.py)."""
+    `calibrated`: the server's last calibration, which what clients send is held against
+    (judge/credence.py) and the work left read from, where the log says nothing of it."""
     if clearing is not None and clearing.cancel:
         return _after_cancel(clearing, now)
     cost = counting_work(cost, e, clearing)
+    said = e.prefill_total is not None
+    estimate = None if said else work_left(e.abandoned_bytes, e.abandoned_held_s, calibrated)
+    doubt = progress_doubt(e, calibrated, working(e)) if said else None
+    resent_by = resend_end(e, calibrated, now) if cost.destroyed else None
     live = e.live_connections
     # By id, live clients are told apart by age, so their count and the oldest's age must
     # be known; all at once, only with none.
@@ -126,9 +132,9 @@ def choose(
     cancellable = (e.abandoned_connections or 0) >= 1 and (
         by_id or (cancel == "abort_all" and live == 0)
     )
-    wait, why_not = _plan_wait(e, clearing, cost, now, cap, estimate)
+    wait, why_not = _plan_wait(e, clearing, cost, now, cap, doubt, resent_by)
     if wait is not None and (not cancellable or wait.until - now - wait.margin <= CANCEL_S):
-        return Cure(wait, _waiting(e, wait, clearing, cost, now, estimate))
+        return Cure(wait, _waiting(e, wait, clearing, cost, now, estimate, doubt))
     if cancellable and cost.seconds > CANCEL_S:
         fresh = Clearing(now, now + CANCEL_VERIFY_S, e.prefill_total or 0, cost, cancel=True)
         return Cure(
@@ -138,7 +144,7 @@ def choose(
             f"restarting if it has not served within {CANCEL_VERIFY_S:.0f} s",
         )
     if wait is not None:
-        return Cure(wait, _waiting(e, wait, clearing, cost, now, estimate))
+        return Cure(wait, _waiting(e, wait, clearing, cost, now, estimate, doubt))
     if clearing is not None:
         return Cure(None, f"{clearing.waited(now)}, then {why_not}")
     return Cure(None, f"restarting rather than waiting: {why_not}")
@@ -150,18 +156,17 @@ def _plan_wait(
     cost: RestartCost,
     now: float,
     cap: float | None,
-    estimate: WorkLeft | None,
+    doubt: str | None,
+    resent_by: float | None,
 ) -> tuple[Clearing | None, str]:
     """The wait worth making now (None, and why not), judged afresh each tick from what the log
-    says: its end moves with the prefill's rate, within the incident's bound."""
+    says: its end moves with the prefill's rate, within the incident's bound. `doubt`: why the
+    log's prefill cannot end the wait early; `resent_by`: when the abandoned work a resend
+    needs must have ended (the resend stretches the bound no further)."""
     began = clearing.began if clearing is not None else now
-    bound = began + cost.total + MARGIN_S  # waiting never costs more than the restart
-    if cap is not None and began + cap < bound:
-        bound = began + cap
-        if now >= bound:
-            return None, f"the wait reached max_busy ({cap:.0f} s); {cost.describe()}"
+    bound, over = _bound(began, cost, cap, resent_by)
     if now >= bound:
-        return None, f"waiting longer would cost more than the restart; {cost.describe()}"
+        return None, over
     # Progress lines count only while an abandoned request exists and the process works: a
     # client can write such lines into the log (a logged body), the process's CPU it cannot.
     idle = _idle(e)
@@ -173,11 +178,9 @@ def _plan_wait(
         # client that left: a wait for a prefill goes on to the end it was given; past it, or
         # for work the log does not show, the work left is unknown, and is waited for while
         # the wait costs less than the restart.
+        # A request's size alone (padding) ends no wait: the estimate on it is said, not acted on.
         if clearing is not None and clearing.total and now < clearing.until:
             return clearing, ""
-        if estimate is not None and not cost.destroyed and estimate.lo >= cost.total:
-            # Even its least is more than the restart: no client needs the work done.
-            return None, f"{estimate.why}: more than a restart; {cost.describe()}"
         return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     stalled = _stalled(e)
     if stalled is not None:
@@ -197,6 +200,12 @@ def _plan_wait(
     # Chosen on what waiting is expected to cost (the estimate runs low: measured 12 s said
     # where 15 were left); given up only past a wider margin, and never past the bound.
     expected = left * (1 + MARGIN_SHARE)
+    if doubt is not None and (expected >= cost.total or now + expected > bound):
+        # Only lines a client could have written say it would outlast the restart: unknown,
+        # or the prefill waited for so far, while its end is to come.
+        if clearing is not None and clearing.total and now < clearing.until:
+            return clearing, ""
+        return Clearing(began, bound, 0, cost, margin=MARGIN_S), ""
     if expected >= cost.total:
         return None, (
             f"the abandoned prefill needs about {left:.0f} s more (about {expected:.0f} s as "
@@ -212,6 +221,18 @@ def _plan_wait(
     return Clearing(began, until, e.prefill_total, cost, margin=until - now - left), ""
 
 
+def _bound(
+    began: float, cost: RestartCost, cap: float | None, resent_by: float | None
+) -> tuple[float, str]:
+    """When the waiting in one incident ends, whatever the log says, and why then."""
+    bound = began + cost.total + MARGIN_S  # waiting never costs more than the restart
+    if resent_by is not None:
+        bound = min(bound, max(began + cost.seconds, resent_by) + MARGIN_S)
+    if cap is not None and began + cap < bound:
+        return began + cap, f"the wait reached max_busy ({cap:.0f} s); {cost.describe()}"
+    return bound, f"waiting longer would cost more than the restart; {cost.describe()}"
+
+
 def _waiting(
     e: Evidence,
     wait: Clearing,
@@ -219,6 +240,7 @@ def _waiting(
     cost: RestartCost,
     now: float,
     estimate: WorkLeft | None,
+    doubt: str | None,
 ) -> str:
     victims = _victims(e)
     if clearing is not None:
@@ -231,7 +253,7 @@ def _waiting(
     if not wait.total:
         guess = f" ({estimate.why})" if estimate is not None else ""
         return (
-            f"waiting while it costs less than a restart: {_unknown(e)}{guess}; "
+            f"waiting while it costs less than a restart: {_unknown(e, doubt)}{guess}; "
             f"{cost.describe()}; "
             f"restarting if it has not served within {wait.until - now:.0f} s (so the outage "
             f"stays within twice the least possible){victims}"
@@ -250,11 +272,14 @@ def _waiting(
     )
 
 
-def holds(e: Evidence, wait: Clearing | None) -> bool:
+def holds(e: Evidence, wait: Clearing | None, now: float) -> bool:
     """A token came while a wait is under way, but the abandoned prompt waited for still steps
     in the log: a batched server serves the probe between its steps. The incident stays open
-    (one incident for one prefill) until that prompt is done or stops stepping."""
+    (one incident for one prefill) until that prompt is done or stops stepping, its request is
+    gone, or the wait's end: steps a client wrote into the log hold no incident open."""
     if wait is None or wait.cancel or e.prefill_total != wait.total or e.prefill_done is None:
+        return False
+    if not e.abandoned_connections or now >= wait.until:
         return False
     return e.prefill_done < wait.total and _stalled(e) is None
 
@@ -329,7 +354,13 @@ def working(e: Evidence) -> bool | None:
     return e.work_percent > IDLE_CPU
 
 
-def _unknown(e: Evidence) -> str:
+def _unknown(e: Evidence, doubt: str | None = None) -> str:
+    if doubt is not None and e.server_prefill:
+        return (
+            f"the server's log tells of a prefill that would outlast the restart "
+            f"({e.server_prefill}), but no sign a client cannot write agrees: {doubt}; so the "
+            "work left is unknown"
+        )
     if e.progress_problem:
         return f"the work left cannot be read ({e.progress_problem})"
     if e.prefill_total is not None and e.prefill_done is not None:

@@ -43,6 +43,10 @@ class Curve:
     def prefill_s(self, tokens: float) -> float:
         return max(0.0, self.a + self.b * tokens + self.c * tokens * tokens)
 
+    def rate_at(self, tokens: int) -> float | None:
+        """The prefill rate (tokens a second) `tokens` into a prompt: the curve's slope there."""
+        return _rate(self.b, self.c, tokens)
+
 
 def curve(doc: Mapping[str, Any] | None) -> Curve | None:
     """From a stored calibration document; None where it lacks what is needed (one made before
@@ -91,6 +95,10 @@ def calibrated_rate(doc: Mapping[str, Any] | None, tokens: int) -> float | None:
         b, c = float(fit["b"]), float(fit["c"])  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
         return None
+    return _rate(b, c, tokens)
+
+
+def _rate(b: float, c: float, tokens: int) -> float | None:
     slope = b + 2 * c * max(0, tokens)
     if not (0 < slope < float("inf")):
         return None

@@ -46,6 +46,9 @@ SHORT_PROMPT = 512  # tokens: prefilled in one step, so its lines tell nothing o
 RATE_STEPS = 4  # the latest steps a prefill's rate is taken over
 ERRORS_KEPT = 8  # known failure lines kept
 GONE_AFTER = 60.0  # s: a prefill with no step while the log went on this long was dropped
+# A prompt is at most a token a byte of its request (a byte-level tokenizer's worst), plus what
+# a chat template adds: a total larger than any connection's request is no request's.
+TEMPLATE_TOKENS = 1024
 LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - "
     rb"Prompt processing progress: (\d{1,9})/(\d{1,9})\s*$"
@@ -119,6 +122,7 @@ class LogProgress:
         # The server stamps its lines in its own zone (a launchd job's or a unit's may not be
         # the watchdog's): seconds to add to its stamps, learned from lines read as written.
         self._zone = 0.0
+        self._largest: int | None = None
 
     on_demand = False  # True: read only while the probe waits (each look costs a process)
 
@@ -132,9 +136,13 @@ class LogProgress:
         self._prefills = {}
         self.errors, self.fresh = [], []
 
-    def read(self) -> Prefill | None:
-        """The latest prefill the log tells of, or None (no log, or no progress line yet)."""
+    def read(self, largest: int | None = None) -> Prefill | None:
+        """The latest prefill the log tells of, or None (no log, or no progress line yet).
+        `largest`: the largest request on the server's connections, in bytes, where the
+        kernel counted them: a prefill longer than any of them could be is passed over (a
+        client can write such lines into the log: mlx_lm.server logs a malformed body raw)."""
         self.fresh = []
+        self._largest = largest
         try:
             chunk = self._fetch()
         except OSError as exc:
@@ -203,7 +211,9 @@ class LogProgress:
         # A batched server interleaves its requests' lines: a long prompt still prefilling is
         # what tells something (a short one, the probe's own, prefills in one step); one whose
         # steps stopped while others went on was cancelled. Else the latest prefill of all.
-        entries = list(self._prefills.values())
+        entries = [steps for steps in self._prefills.values() if self._held(steps[-1])]
+        if not entries:
+            return None
         newest = max(steps[-1].at for steps in entries)
         going = [steps for steps in entries if _going(steps, newest)]
         steps = (going or entries)[-1]
@@ -222,6 +232,11 @@ class LogProgress:
             step_s=round(span / (len(steps) - 1), 2) if len(steps) > 1 else None,
             slowing=slowing,
         )
+
+
+    def _held(self, step: _Step) -> bool:
+        """Whether some request on the server's connections can be this prompt."""
+        return self._largest is None or step.total <= self._largest + TEMPLATE_TOKENS
 
 
 class JournalProgress(LogProgress):

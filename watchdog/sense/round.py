@@ -235,7 +235,9 @@ class Checker:
         # A reader that costs a process a look (a unit's journal) is read only while it matters.
         wanted = not snap.done or not self.progress.on_demand
         self._notice_restart(process)
-        prefill = self.progress.read() if wanted else None
+        sizes = [c.received for c in process.clients]
+        largest = None if not sizes or None in sizes else max(s or 0 for s in sizes)
+        prefill = self.progress.read(largest) if wanted else None
         if not wanted:
             self.progress.fresh = []
         work = self.work.read(process.pid, process.cpu_percent, waiting=not snap.done)
