@@ -178,6 +178,46 @@ def test_a_second_daemon_on_one_state_folder_exits_3_naming_the_first(
         assert relaunched.wait(30) == 0
 
 
+def test_a_state_folder_removed_under_the_daemon_ends_it_and_a_relaunch_holds_a_new_one(
+    tmp_path: Path, hanging: BadByPidfile
+) -> None:
+    """Issue 54: the state folder removed under a running watchdog took its lock along;
+    `status` said none ran and a second `run` started beside it, both restarting one server.
+    The daemon sees its lock gone within a second or two and ends (EX_SOFTWARE, so launchd's
+    KeepAlive and systemd's Restart= start it afresh), saying why; the relaunch makes a new
+    folder and holds it, and a second `run` beside it is refused."""
+    import shutil
+
+    cfg = tmp_path / "w.toml"
+    raw = command_config(tmp_path, hanging)
+    raw["server"][0]["manager"] = "none"  # type: ignore[index]
+    cfg.write_text(toml(raw))
+    log = tmp_path / "daemon.log"
+    state = tmp_path / "state"
+    first = daemon_process(cfg, log)
+    try:
+        until(lambda: (state / "daemon.json").exists(), 30, "the first daemon")
+        shutil.rmtree(state)
+        assert first.wait(60) == 70
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    said = log.read_text()
+    assert "the state folder's lock" in said and "was removed or replaced under the" in said
+    relaunched = daemon_process(cfg, log)
+    try:
+        until(lambda: (state / "daemon.json").exists(), 30, "the relaunch")
+        status = mlx_watchdog("status", "--config", str(cfg), "--json", timeout=30)
+        assert json.loads(status.stdout)["watchdog"]["running"] is True, status.stdout
+        second = mlx_watchdog("run", "--config", str(cfg), timeout=30)
+        assert second.returncode == 3, second.stderr
+        assert f"another watchdog (PID {relaunched.pid}) runs" in second.stderr
+    finally:
+        relaunched.send_signal(signal.SIGTERM)
+        assert relaunched.wait(30) == 0
+
+
 def test_kill_9_mid_restart_neither_restarts_again_nor_forgets(
     tmp_path: Path, hanging: BadByPidfile
 ) -> None:

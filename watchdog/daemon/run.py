@@ -38,7 +38,13 @@ from mlx_watchdog.record.alerts import Alerter, Notify, apprise_notify
 from mlx_watchdog.record.document import Status, WatchdogLine
 from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.metrics import Metrics
-from mlx_watchdog.record.private import UnsafeState, hold_lock, private_dir, write_private
+from mlx_watchdog.record.private import (
+    UnsafeState,
+    hold_lock,
+    lock_lost,
+    private_dir,
+    write_private,
+)
 from mlx_watchdog.record.store import HISTORY_FILE, Store
 from mlx_watchdog.sense.findings import OwnFault
 from mlx_watchdog.sense.memory import MemoryWatch, read_machine, resident
@@ -271,6 +277,15 @@ class Daemon:
             limits[name] = shown.fresh_for(self.interval) + STALL_MARGIN
         return stalled(progress, limits, mono)
 
+    def folder_lost(self) -> str | None:
+        """Why this daemon no longer holds its state folder, or None. A folder removed under
+        it takes its lock, history and endpoint record along: `status` would say no watchdog
+        runs and a second `run` would start beside it. It ends instead, and its service
+        manager starts it afresh on a new folder."""
+        if self._lock is None:
+            return None
+        return lock_lost(self._lock, self.state_dir / LOCK_FILE)
+
     def look_at_sight(self) -> None:
         """Say once when a server's verdict goes stale, and once when it is fresh again."""
         mono = self.mono()
@@ -351,7 +366,7 @@ class Daemon:
         self.calendar.start(self.config)
         log.info("watching %s every %gs", ", ".join(self.cycles), self.config.watchdog.interval)
         self.notifier.send("READY=1", f"STATUS=watching {len(self.cycles)} servers")
-        code = 0
+        code, stall = 0, None
         try:
             while not self._stop.is_set():
                 if self._wake.wait(1.0):
@@ -361,8 +376,9 @@ class Daemon:
                 except Exception:
                     log.exception("cannot tell whether the verdicts are fresh")
                 stall = self.stalled()
-                if stall is not None:
-                    code = self._give_up(stall)
+                why = stall or self.folder_lost()
+                if why is not None:
+                    code = self._give_up(why)
                     break
                 self.notifier.send("WATCHDOG=1")
                 self._answer_signals()
@@ -374,7 +390,7 @@ class Daemon:
             self.schedule.stop()
             self.calendar.stop()
             # Ticks that stopped will not end by themselves: no long wait for them.
-            self._finish(STALLED_SETTLE if code == EXIT_STALLED else self.stop_timeout)
+            self._finish(STALLED_SETTLE if stall is not None else self.stop_timeout)
         return code
 
     def _give_up(self, why: str) -> int:

@@ -109,3 +109,25 @@ def hold_lock(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def lock_lost(fd: int, path: Path) -> str | None:
+    """Why the lock held on `fd` no longer guards `path` (None: it does): its file or its
+    folder was removed or replaced under the running watchdog, so a second watchdog could
+    take a new lock there and both would act on one server."""
+    try:
+        held = os.fstat(fd)
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        there = None
+    if (
+        there is None
+        or held.st_nlink == 0
+        or (held.st_dev, held.st_ino)
+        != (
+            there.st_dev,
+            there.st_ino,
+        )
+    ):
+        return f"the state folder's lock {path} was removed or replaced under the running watchdog"
+    return None

@@ -233,7 +233,6 @@ class LogProgress:
             slowing=slowing,
         )
 
-
     def _held(self, step: _Step) -> bool:
         """Whether some request on the server's connections can be this prompt."""
         return self._largest is None or step.total <= self._largest + TEMPLATE_TOKENS
