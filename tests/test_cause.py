@@ -554,6 +554,39 @@ def test_a_niced_process_is_seen_held_back_and_a_cgroup_quota_read() -> None:
         assert held is None or "nice" not in held
 
 
+@pytest.mark.parametrize("manager", ["none", "command"])
+def test_the_listeners_limits_are_read_whichever_manager_runs_it(
+    tmp_path: Path,
+    manager: str,
+    bad_server: Callable[..., Running],
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """Issue 54: under manager "none" or "command" the manager knows no PID, and no stack or
+    limit was ever read, so a wedge that "process" names was unknown there. They are read from
+    the process that holds the port."""
+    if sys.platform == "darwin":
+        pytest.skip("macOS reads ps -o pri=, not nice")
+    srv = bad_server("hang", under=("nice", "-n", "15"))
+    server: dict[str, object] = {
+        "name": "h",
+        "url": srv.url,
+        "manager": manager,
+        "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "1s"},
+    }
+    if manager == "command":
+        server["restart_command"] = ["false"]
+    state = tmp_path / "state"
+    t = run_daemon(Daemon(parse_config(watchdog_config(state, [server], interval="300ms"))).open())
+    w = t.daemon.cycles["h"]
+
+    def clamped() -> bool:
+        v = w.verdict
+        return v is not None and v.state == "wedged" and "nice" in (v.evidence.clamp or "")
+
+    until(clamped, 30, "the wedge judged with the listener's limits")
+    assert w.verdict is not None and w.verdict.evidence.pid == srv.proc.pid
+
+
 def test_a_cpu_quota_under_a_core_is_read_from_the_process_cgroup(tmp_path: Path) -> None:
     from mlx_watchdog.sense.sched import _cpu_quota
 

@@ -241,7 +241,7 @@ class Checker:
         if not wanted:
             self.progress.fresh = []
         work = self.work.read(process.pid, process.cpu_percent, waiting=not snap.done)
-        signs = self._signs(snap, pid, process, work)
+        signs = self._signs(snap, process, work)
         if snap.finding == ProbeFinding.OK and process.pid is not None:
             self.served_process = (process.pid, process.create_time)
         return Observation(
@@ -301,9 +301,7 @@ class Checker:
         """This very process (PID and start time) gave the watchdog a token."""
         return self.served_process is not None and _same_process(self.served_process, process)
 
-    def _signs(
-        self, snap: ProbeSnapshot, pid: int | None, process: ProcessSample, work: WorkSign
-    ) -> Signs | None:
+    def _signs(self, snap: ProbeSnapshot, process: ProcessSample, work: WorkSign) -> Signs | None:
         """What may name a cause: the stack (only once a wedge is suspected: it costs a
         process), the log's known failures, the work sign over the wait, the machine's memory,
         the GPU resets macOS recorded (only for an answer with no token)."""
@@ -330,6 +328,9 @@ class Checker:
         if not suspected and not snap.done:
             return Signs(other_model=other) if other is not None else None
         local = self.inspector.local
+        # The process that holds the port, whichever manager runs it: the manager's PID when
+        # it listens, else the listener (manager "none" and "command" know no PID).
+        pid = process.pid
         return Signs(
             stack=self.stacker.sample(pid, process.cmdline, self.server.log_file)
             if suspected and local
