@@ -388,3 +388,74 @@ def test_a_left_probe_with_a_port_past_any_number_is_read_as_none(tmp_path: Path
     path.chmod(0o600)
     tmp_path.chmod(0o700)
     assert LeftProbes(path).load() == []
+
+
+GOOD_ADVICE = {
+    "prompt_tokens": 4096,
+    "answer_tokens": 1024,
+    "prefill_s": 12.0,
+    "answer_s": 30.0,
+    "client_s": 60,
+    "agent_s": 75,
+    "load_balancer_s": 90,
+}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"at": 1.0, "advice": {**GOOD_ADVICE, "prefill_s": float("nan")}},
+        {"at": 1.0, "advice": {**GOOD_ADVICE, "prompt_tokens": float("inf")}},
+        {"at": 1.0, "advice": {**GOOD_ADVICE, "client_s": "a minute"}},
+        {"at": 1.0, "advice": {**GOOD_ADVICE, "surprise": 1}},  # read: unknown keys are ignored
+        {"at": "yesterday", "advice": GOOD_ADVICE},
+        {"at": 1.0, "advice": [1, 2]},
+        {"at": 1.0, "advice": {"prompt_tokens": 4096}},
+    ],
+)
+def test_a_hand_edited_calibration_is_said_unreadable_by_doctor_and_the_page(
+    tmp_path: Path, doc: dict[str, object]
+) -> None:
+    """Issue 54: a NaN in a calibration dropped `GET /`, and doctor raised on wrong types."""
+    from mlx_watchdog.advice.doctor import run_doctor
+    from mlx_watchdog.config import parse_config
+    from mlx_watchdog.record.rows import calibration_advice
+    from mlx_watchdog.record.store import Store
+
+    state = tmp_path / "state"
+    state.mkdir()
+    store = Store(state / "history.db")
+    store.save_calibration("m", 1.0, doc)
+    store.close()
+    config = parse_config(
+        {
+            "watchdog": {"state_dir": str(state)},
+            "server": [{"name": "m", "url": "http://127.0.0.1:9"}],
+        }
+    )
+    read = calibration_advice(doc)
+    said = [f.detail for f in run_doctor(config, home=tmp_path, env={"HOME": str(tmp_path)})]
+    if read is None:
+        assert any("its last calibration cannot be read" in d for d in said), said
+    else:
+        assert all(v is None or (isinstance(v, float) and abs(v) < 1e12) for v in read.values())
+        assert any(d.startswith("calibrated ") for d in said), said
+
+
+def test_incident_actions_of_any_type_are_shown_not_raised_on(tmp_path: Path) -> None:
+    from tests.builders import one_incident
+
+    config, number = one_incident(tmp_path, "wedged: test", {}, {})
+    from mlx_watchdog.record.store import Store
+
+    store = Store(tmp_path / "state" / "history.db")
+    for action in ({"action": 5}, {"outcome": ["x"], "at": "yesterday"}, {"detail": {"a": 1}}):
+        store.add_action(number, action)
+    store.add_action(number, {"action": "[red]wait[/red]", "outcome": "[bold]x", "at": 2.0})
+    store.close()
+    listed = mlx_watchdog("history", "--config", str(config))
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert "unknown: unknown" in listed.stdout
+    shown = mlx_watchdog("history", "--config", str(config), "--show", str(number))
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert "[red]wait[/red]: [bold]x" in shown.stdout  # text, never markup

@@ -24,6 +24,7 @@ from mlx_watchdog.judge.advice import retry_loop, tokens_label, unattended
 from mlx_watchdog.judge.states import BAD_STATES, EventKind
 from mlx_watchdog.record.left_probes import LeftProbes, left_probes
 from mlx_watchdog.record.private import UnsafeState, check_private
+from mlx_watchdog.record.rows import calibration_advice
 from mlx_watchdog.record.store import Store, open_history
 from mlx_watchdog.record.tally import DAY, abandoned_lately
 from mlx_watchdog.sense import platform, selfdump
@@ -328,23 +329,39 @@ def _calibration(
     name: str, server: ServerConfig, store: Store, now: float, advice: dict[str, Advice]
 ) -> Iterator[Finding]:
     last = store.last_calibration(server.name)
-    if last is None or "advice" not in last:
+    read = calibration_advice(last)
+    again = f"mlx-watchdog calibrate --server {server.name}"
+    if last is None or (isinstance(last, dict) and "advice" not in last):
+        yield Finding(
+            "warning", name, "never calibrated: the timeouts clients need here are unknown", again
+        )
+        return
+    if read is None:
         yield Finding(
             "warning",
             name,
-            "never calibrated: the timeouts clients need here are unknown",
-            f"mlx-watchdog calibrate --server {server.name}",
+            "its last calibration cannot be read (edited by hand, or from another version): "
+            "the timeouts clients need here are unknown",
+            again,
         )
-    else:
-        a = Advice(**last["advice"])
-        advice[server.name] = a
-        yield Finding(
-            "ok",
-            name,
-            f"calibrated {_age(now - float(last['at']))}: a {tokens_label(a.prompt_tokens)}-token "
-            f"prompt needs about "
-            f"{a.prefill_s:.0f} s; clients need {a.client_s} s, proxies {a.load_balancer_s} s",
-        )
+        return
+    a = Advice(
+        prompt_tokens=int(read["prompt_tokens"]),
+        answer_tokens=int(read["answer_tokens"] or 0),
+        prefill_s=read["prefill_s"],
+        answer_s=read["answer_s"],
+        client_s=int(read["client_s"]),
+        agent_s=int(read["agent_s"]),
+        load_balancer_s=int(read["load_balancer_s"]),
+    )
+    advice[server.name] = a
+    when = "at an unknown time" if read["at"] is None else _age(now - read["at"])
+    yield Finding(
+        "ok",
+        name,
+        f"calibrated {when}: a {tokens_label(a.prompt_tokens)}-token prompt needs about "
+        f"{a.prefill_s:.0f} s; clients need {a.client_s} s, proxies {a.load_balancer_s} s",
+    )
 
 
 def _profile(server: ServerConfig, cmdline: Sequence[str]) -> Iterator[Finding]:

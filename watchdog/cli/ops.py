@@ -357,7 +357,9 @@ def _show(store: Store, number: int, as_json: bool, config_path: Path | None) ->
         out.print(f"  [yellow]advice:[/yellow] {escape(advice)}", soft_wrap=True)
     for a in i.actions:
         detail = a.get("detail") or ""
-        out.print(f"  {escape(str(a.get('action')))}: {a.get('outcome')} {escape(str(detail))}")
+        out.print(
+            f"  {escape(str(a.get('action')))}: {escape(str(a.get('outcome')))} {escape(str(detail))}"
+        )
     if i.outcome:
         out.print(f"  outcome: {escape(i.outcome)}", soft_wrap=True)
     for d in dumps:

@@ -112,6 +112,23 @@ def span(value: object) -> float | None:
     return found if found is not None and 0 <= found <= LONGEST else None
 
 
+ADVICE_NEEDED = ("prompt_tokens", "prefill_s", "client_s", "agent_s", "load_balancer_s")
+ADVICE_OPTIONAL = ("answer_tokens", "answer_s")
+
+
+def calibration_advice(found: object) -> dict[str, Any] | None:
+    """A stored calibration's advice and when it was made ("at", None when unreadable), each
+    number finite and within bounds; None when its advice cannot be read (a row edited by hand,
+    or from another version): shown as none, never a traceback."""
+    if not isinstance(found, dict) or not isinstance(found.get("advice"), dict):
+        return None
+    advice = found["advice"]
+    read = {k: span(advice.get(k)) for k in (*ADVICE_NEEDED, *ADVICE_OPTIONAL)}
+    if any(read[k] is None for k in ADVICE_NEEDED):
+        return None
+    return {"at": moment(found.get("at")), **read}
+
+
 def whole(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -192,9 +209,21 @@ def incident_row(row: sqlite3.Row) -> Incident | None:
         state=text(row["state"], "unknown"),
         reason=text(row["reason"]),
         evidence=doc(row["evidence"], {}),
-        actions=[a for a in doc(row["actions"], list[Any]()) if isinstance(a, dict)],
+        actions=[_action(a) for a in doc(row["actions"], list[Any]()) if isinstance(a, dict)],
         outage_s=span(row["outage_s"]),
         recover_s=span(row["recover_s"]),
         outcome=maybe_text(row["outcome"]),
         advice=maybe_text(row["advice"]),
     )
+
+
+def _action(a: dict[str, Any]) -> dict[str, Any]:
+    """An incident's action as written: what it was, its outcome and detail as text, and
+    when (None: unreadable), whatever a hand edit left there."""
+    return {
+        **a,
+        "at": moment(a.get("at")),
+        "action": text(a.get("action"), "unknown"),
+        "outcome": text(a.get("outcome"), "unknown"),
+        "detail": text(a.get("detail")),
+    }

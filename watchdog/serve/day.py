@@ -17,6 +17,7 @@ from typing import Any
 from mlx_watchdog.cycle.crew import NoSink
 from mlx_watchdog.judge.states import SHOWN_STATES, UNKNOWN, EventKind, State
 from mlx_watchdog.judge.verdict import Verdict
+from mlx_watchdog.record.rows import calibration_advice
 from mlx_watchdog.record.serving import GAP_PROBES
 from mlx_watchdog.record.store import Incident, Store
 from mlx_watchdog.record.tally import DAY, event_count
@@ -266,14 +267,7 @@ def read_day(
 def _advice(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     """The calibration's advice when it has the numbers the page shows (a row edited by hand,
     or from another version, is shown as none rather than break the page)."""
-    if not doc or not isinstance(doc.get("advice"), dict):
-        return None
-    a = doc["advice"]
-    keys = ("prompt_tokens", "prefill_s", "client_s", "agent_s", "load_balancer_s")
-    if not all(isinstance(a.get(k), int | float) and not isinstance(a.get(k), bool) for k in keys):
-        return None
-    at = doc.get("at")
-    return {"at": at if isinstance(at, int | float) else None, **{k: a[k] for k in keys}}
+    return calibration_advice(doc)
 
 
 @dataclass
