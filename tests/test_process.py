@@ -259,3 +259,66 @@ def test_a_child_left_holding_the_port_is_named_for_a_person_and_never_signalled
         assert psutil.pid_exists(child) and psutil.Process(child).status() != "zombie"
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+# The same child, which answers each request with a token once told to (a file beside its PID):
+# an orphaned server that serves again, still not the one the manager runs.
+ANSWERS_LATER = LEAVES_A_CHILD.replace(
+    "        held.append(s.accept()[0])  # accepted, never answered",
+    """        c = s.accept()[0]
+        if not os.path.exists(sys.argv[2] + ".answer"):
+            held.append(c)
+            continue
+        c.settimeout(5)
+        got = b""
+        while b"\\r\\n\\r\\n" not in got:
+            part = c.recv(65536)
+            if not part:
+                break
+            got += part
+        chunk = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\\n\\ndata: [DONE]\\n\\n'
+        head = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/event-stream\\r\\nConnection: close\\r\\n\\r\\n"
+        try:
+            c.sendall(head + chunk)
+        except OSError:
+            pass
+        c.close()""",
+)
+
+
+def test_a_child_holding_the_port_that_answers_closes_no_incident_as_recovered_by_itself(
+    tmp_path: Path, run_daemon: Callable[[object], DaemonThread]
+) -> None:
+    """Issue 54: the child holding the port was named and the restart counted failed, but its
+    next answer closed the incident "recovered by itself". It is said as what it is: answered
+    by the process that holds the port, not the server the manager runs."""
+    from mlx_watchdog.config import parse_config
+    from mlx_watchdog.daemon import Daemon
+    from tests.builders import watchdog_config
+
+    port, left = free_port(), tmp_path / "child.pid"
+    script = tmp_path / "holdport.py"
+    script.write_text(ANSWERS_LATER)
+    server = {
+        "name": "p",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "holdport",
+        "command": [sys.executable, str(script), str(port), str(left)],
+        "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "2s"},
+        "restart": {"max_restarts": 1, "window": "1h", "backoff": "200ms"},
+    }
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
+    until(left.exists, 30, "the child left")
+    child = int(left.read_text())
+    try:
+        w = t.daemon.cycles["p"]
+        until(lambda: w.verdict is not None and f"PID {child}" in w.verdict.reason, 60, "named")
+        Path(str(left) + ".answer").touch()
+        until(lambda: any(e.kind == "recovered" for e in t.daemon.store.events()), 60, "served")
+        said = next(e.message for e in t.daemon.store.events() if e.kind == "recovered")
+        assert "recovered by itself" not in said, said
+        assert f"answered by PID {child}" in said and "not the server process runs" in said, said
+        t.stop()
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -22,7 +22,7 @@ from mlx_watchdog.config.programs import server_unrunnable
 from mlx_watchdog.cycle import incidents
 from mlx_watchdog.cycle.asks import Asks
 from mlx_watchdog.cycle.crew import Crew
-from mlx_watchdog.cycle.cures import named_throttled, port_held
+from mlx_watchdog.cycle.cures import OWNING, named_throttled, port_held
 from mlx_watchdog.cycle.least_cost import LeastCost
 from mlx_watchdog.cycle.ledger import (
     Acted,
@@ -258,8 +258,7 @@ class Cycle:
             log.info("%s %s", self.server.name, v.reason)
         if v.state in (State.HEALTHY, State.SLOW):
             # Recovered only on a token: "slow" also means no token yet, before wedge_after.
-            # A server this watchdog started (at its own start) did not recover by itself.
-            how = "recovered by itself" if self.started_mono is None else "started by the watchdog"
+            how = self._how_served(v)
             if v.evidence.tokens > 0 and self.started_mono is not None:
                 self.ledger.record(FirstToken(round(self.mono() - self.started_mono, 1)))
                 self.started_mono = None
@@ -302,6 +301,30 @@ class Cycle:
                     return
                 reason = f"{reason}; {why}" if why else reason
             self.restart(trigger.value, reason)
+
+    def _how_served(self, v: Verdict) -> str:
+        """How the server serves again. A server this watchdog started (at its own start) did
+        not recover by itself; a child the server left holding the port is not the server."""
+        how = "recovered by itself" if self.started_mono is None else "started by the watchdog"
+        if v.evidence.tokens > 0 and self.incident is not None:
+            return self._answered_by_stranger() or how
+        return how
+
+    def _answered_by_stranger(self) -> str | None:
+        """Who answered, when the port's holder is not the server the manager runs (a child
+        it left holding the port): said as what it is, never "recovered by itself"."""
+        if self.server.manager not in OWNING:
+            return None
+        ours = self.manager.pid()
+        held = self.crew.ladder.stranger(self.server, ours)
+        if held is None:
+            return None
+        running = f"PID {ours}" if ours is not None else "none runs now"
+        return (
+            f"answered by PID {held[0]} ({held[1][:80]}), which holds port {self.server.port}: "
+            f"not the server {self.server.manager} runs ({running}); end it yourself "
+            f"(kill {held[0]}) and restart the server"
+        )
 
     def _exited(self, v: Verdict) -> str | None:
         """How a down server ended, when that is known at once: the manager saw its process
