@@ -135,8 +135,15 @@ def budget_allows(c: Cycle, now: float) -> bool:
         c.needs_person = said
         c.ledger.record(Held(now, said))
         c.transition(Phase.HELD, EventKind.BUDGET_SPENT, said, cause=str(cause))
-    elif not allowance.spent and allowance.not_before not in (None, c._backoff_said):
-        c._backoff_said = allowance.not_before  # said once per pause, not every tick
+    elif not allowance.spent and _new_pause(allowance.not_before, c._backoff_said):
+        # Said once per pause, not every tick: the restarts' wall times are read anew from the
+        # span clock each tick, so the same pause's end moves by microseconds.
+        c._backoff_said = allowance.not_before
         wait = (allowance.not_before or now) - now
         log.info("%s backing off: the next restart in %.0f s at the earliest", c.server.name, wait)
     return allowance.allowed and not allowance.spent
+
+
+def _new_pause(until: float | None, said: float | None) -> bool:
+    return until is not None and (said is None or abs(until - said) > 1.0)
+
