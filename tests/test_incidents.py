@@ -24,8 +24,8 @@ from mlx_watchdog.judge.triggers import Streak, Trigger
 from mlx_watchdog.record import db as db_module
 from mlx_watchdog.record import store as store_module
 from mlx_watchdog.record.store import Store
-from tests.builders import badserver_argv, command_config
-from tests.conftest import BadByPidfile, DaemonThread, free_port, until
+from tests.builders import badserver_argv, command_config, watchdog_config
+from tests.conftest import BadByPidfile, DaemonThread, Running, free_port, until
 
 SETTINGS = ProbeSettings(startup_grace=60.0)
 
@@ -124,6 +124,41 @@ def test_a_sleep_or_clock_jump_is_not_a_wedge(
             assert verdict.evidence.waited_s == pytest.approx(11.0)
     finally:
         daemon.cycles["bad"].checker.abort()
+        daemon.close()
+
+
+def test_an_outage_across_a_clock_stepped_back_is_measured_on_the_span_clock(
+    tmp_path: Path, bad_server: Callable[..., Running]
+) -> None:
+    """Issue 54: a wall clock stepped back an hour during an incident recorded an outage of
+    -3561 s. The outage is the span from when serving stopped to the first token."""
+    hang = tmp_path / "hang"
+    hang.touch()
+    srv = bad_server("hang_later", extra=("--hang-file", str(hang)))
+    server = {
+        "name": "bad",
+        "url": srv.url,
+        "manager": "none",
+        "probe": {"slow_after": "1s", "wedge_after": "10s"},
+    }
+    raw = watchdog_config(tmp_path / "state", [server], interval="5s")
+    clocks = Clocks()
+    daemon = Daemon(parse_config(raw), wall=lambda: clocks.wall, mono=lambda: clocks.mono).open()
+    c = daemon.cycles["bad"]
+    try:
+        assert daemon.tick("bad") is None
+        until(lambda: c.checker.inspector.sample().live == 1, 5, "the probe")
+        clocks.advance(11.0, 11.0)
+        v = daemon.tick("bad")
+        assert v is not None and v.state == "wedged" and c.incident is not None
+        clocks.advance(-3600.0, 5.0)  # stepped back an hour, 5 s later
+        hang.unlink()
+        c.checker.abort()  # the hung probe's request is held forever: the next one is served
+        until(lambda: (daemon.tick("bad") or v).state == "healthy", 10, "served again")
+        (incident,) = daemon.store.incidents(0.0)
+        assert incident.outage_s is not None and 16.0 <= incident.outage_s < 30.0
+    finally:
+        c.checker.abort()
         daemon.close()
 
 

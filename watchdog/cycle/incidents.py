@@ -36,6 +36,7 @@ def opened(c: Cycle, v: Verdict, began: float) -> None:
         loop=retry_loop([a for a in seen if a]),
         earlier=cured_lately(c),
         cause=v.evidence.cause or "unknown",
+        began_mono=c.mono() - (now - began),
     )
     c.incident.id = c.ledger.record(Opened(now, began, v.state, v.reason, v.evidence.to_json()))
     advice = advise(c, v)
@@ -99,9 +100,12 @@ def recovered(c: Cycle, at: float, *, recover_s: float | None, how: str) -> None
             c.transition(Phase.NORMAL, None, "")
         return
     outage = at - incident.began_at
+    if incident.began_mono is not None:
+        outage = c.mono() - (c.wall() - at) - incident.began_mono
+    outage = round(max(0.0, outage), 3)
     if incident.id is not None and advice:
         c.ledger.record(Advised(incident.id, advice))
-    c.ledger.record(Served(at, incident.id, how, recover_s, incident.cause))
+    c.ledger.record(Served(at, incident.id, how, recover_s, incident.cause, outage))
     timing = f"outage {outage:.1f} s" + (
         f", time to recover {recover_s:.1f} s" if recover_s is not None else ""
     )
@@ -109,7 +113,7 @@ def recovered(c: Cycle, at: float, *, recover_s: float | None, how: str) -> None
         Phase.NORMAL,
         EventKind.RECOVERED,
         f"serving again ({how}); {timing}" + (f". {advice}" if advice else ""),
-        outage_s=round(outage, 3),
+        outage_s=outage,
         recover_s=None if recover_s is None else round(recover_s, 3),
         **({"resent": advice} if advice else {}),  # the deadline a resent prompt needs
     )

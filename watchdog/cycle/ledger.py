@@ -102,6 +102,7 @@ class Served:
     how: str = ""
     recover_s: float | None = None
     cause: str | None = None  # None: no incident was open
+    outage_s: float | None = None  # on the span clock (None: the walls' difference)
 
 
 @dataclass(frozen=True)
@@ -234,12 +235,12 @@ class Ledger:
                 store.set_advice(ref, advice)
             case Acted(ref, action):
                 store.add_action(ref, action)
-            case Served(at, ref, how, recover_s, cause):
+            case Served(at, ref, how, recover_s, cause, outage_s):
                 tally.last_token_at = at
                 if cause is not None:
                     tally.cured.append((at, cause))
                     if ref is not None:
-                        store.close_incident(ref, at, how, recover_s)
+                        store.close_incident(ref, at, how, recover_s, outage_s)
             case Held(at, reason):
                 store.hold(name, at, reason)
             case Released():

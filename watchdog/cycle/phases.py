@@ -65,6 +65,9 @@ class OpenIncident:
     waited: bool = False  # for an abandoned prefill: once an incident, then restarts only
     earlier: int = 0  # wedges from abandoned requests in the budget's window, each cured
     cause: str = "unknown"  # the cause it was named for (the first named, or the last)
+    # When serving stopped on the span clock: the outage is measured there, so a wall clock
+    # stepped meanwhile does not make it negative (None: one reopened from the history).
+    began_mono: float | None = None
 
     def advice(
         self,

@@ -261,14 +261,22 @@ class Store:
             )
 
     def close_incident(
-        self, incident: Ref, at: float, outcome: str, recover_s: float | None
+        self,
+        incident: Ref,
+        at: float,
+        outcome: str,
+        recover_s: float | None,
+        outage_s: float | None = None,
     ) -> None:
+        """Close it at `at`; its outage is `outage_s` where the span clock measured it (a
+        wall clock stepped meanwhile makes the walls' difference wrong), else that difference."""
         if incident is None:
             return
         self._write(
             "UPDATE incidents SET closed_at = ?, outcome = ?, recover_s = ?,"
-            " outage_s = ? - COALESCE(began_at, opened_at) WHERE id = ? AND closed_at IS NULL",
-            (at, outcome, recover_s, at, incident),
+            " outage_s = COALESCE(?, ? - COALESCE(began_at, opened_at))"
+            " WHERE id = ? AND closed_at IS NULL",
+            (at, outcome, recover_s, outage_s, at, incident),
         )
 
     def open_incident_for(self, server: str) -> Incident | None:
