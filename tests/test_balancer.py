@@ -91,6 +91,38 @@ def test_the_agent_reads_what_it_is_sent_within_bounds_and_answers_one_line() ->
         agent.server_close()
 
 
+def test_a_flood_of_idle_connections_to_the_agent_costs_a_bounded_number_of_threads() -> None:
+    """Issue 54: a thread a connection, uncapped, behind a backlog of 5. Two hundred idle
+    connections at once: at most MAX_OPEN handlers run, the rest are closed unanswered, and
+    a check after the flood is answered as before."""
+    import threading
+
+    from mlx_watchdog.serve.agent import MAX_OPEN, start
+
+    doc = status_doc(NOW, ("healthy",))
+    agent = start("127.0.0.1", 0, lambda name: doc)
+    port = agent.server_address[1]
+    before = threading.active_count()
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        until(lambda: threading.active_count() > before + MAX_OPEN // 2, 10, "the handlers")
+        most = max(threading.active_count() for _ in range(50))
+        assert most <= before + MAX_OPEN + 1, most
+    finally:
+        for s in flood:
+            s.close()
+    try:
+        until(lambda: threading.active_count() <= before + 1, 10, "the handlers done")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"srv-healthy\n")
+            assert s.recv(100) == b"up ready\n"
+    finally:
+        agent.shutdown()
+        agent.server_close()
+
+
 def test_an_early_sign_moves_traffic_only_where_the_balancer_drains() -> None:
     """Abandoned connections and the probe past slow_after with no token: /healthz and the
     agent say so at once where `restart.drain` says another server takes the traffic."""

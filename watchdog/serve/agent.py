@@ -27,6 +27,12 @@ from mlx_watchdog.sense.text import printable
 log = logging.getLogger("mlx_watchdog")
 
 MAX_NAME = 256  # bytes of agent-send read at most
+# HAProxy checks each server every agent-inter (2 s by default): a few connections at once.
+# More than MAX_OPEN at once are closed unanswered (HAProxy counts a failed agent check as no
+# change: its health check decides), so a flood of idle connections costs at most MAX_OPEN
+# threads for NAME_WAIT each; BACKLOG keeps a burst from being refused by the kernel.
+MAX_OPEN = 32
+BACKLOG = 128
 NAME_WAIT = 0.5  # s: HAProxy sends agent-send at once; without one, the only server answers
 UP, DRAIN = "up ready", "drain"
 
@@ -94,12 +100,26 @@ def _read_name(sock: socket.socket, deadline: float) -> str:
 class _Agent(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = BACKLOG
 
     def __init__(self, address: tuple[str, int], status: Callable[[str | None], Status]) -> None:
         self.status = status
+        self.open = threading.BoundedSemaphore(MAX_OPEN)
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.open.acquire(blocking=False):
+            self.shutdown_request(request)  # over the cap: closed, no thread
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.open.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("agent check from %s failed", client_address, exc_info=True)
