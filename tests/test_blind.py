@@ -171,3 +171,21 @@ def test_an_unreadable_key_file_blinds_the_watchdog_and_never_blames_the_server(
     said = [r for r in caplog.records if "cannot be probed" in r.getMessage()]
     assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in caplog.records]
     assert w.verdict.state == "healthy", "the last verdict stands, and is not served as current"
+
+
+def test_a_long_restart_of_its_own_is_no_blindness_after_it_ends() -> None:
+    """Issue 54: a restart of a minute left the verdict a minute old when it ended, and the
+    watchdog said it was blind, then seeing, at the next tick. The restart is the watchdog at
+    work: the verdict's age counts from its end."""
+    from mlx_watchdog.cycle.shown import Shown
+    from mlx_watchdog.record.tally import Figures
+
+    server = parse_config({"server": [{"name": "s", "url": "http://127.0.0.1:9"}]}).servers[0]
+    limit = Shown(server, Figures(), 0.0, 0.0).fresh_for(1.0)
+    before = Shown(server, Figures(), 0.0, 70.0, verdict_mono=5.0, restarting=True)
+    assert before.blindness(70.0, 1.0) is None  # while it runs: restarting, shown as such
+    after = Shown(server, Figures(), 0.0, 70.0, verdict_mono=5.0, acted_mono=70.0)
+    assert after.blindness(71.0, 1.0) is None
+    assert after.blindness(70.0 + limit + 1, 1.0) is not None  # no fresh verdict after it
+    unacted = Shown(server, Figures(), 0.0, 70.0, verdict_mono=5.0)
+    assert unacted.blindness(71.0, 1.0) is not None

@@ -456,6 +456,8 @@ class Cycle:
             attempt = Attempt(self, trigger, reason, pid, manual=manual)
             climb = attempt.climb()
         finally:
+            # The verdict is as old as the restart now; its freshness counts from here.
+            self.sight.acted_mono = self.mono()
             with self._owner:
                 self._climbing, retired = False, self.retired
             if retired:  # removed meanwhile: nothing this restart started runs on unsupervised

@@ -146,4 +146,3 @@ def budget_allows(c: Cycle, now: float) -> bool:
 
 def _new_pause(until: float | None, said: float | None) -> bool:
     return until is not None and (said is None or abs(until - said) > 1.0)
-

@@ -36,6 +36,7 @@ class Shown:
     judged_at: float | None = None
     state_since: float | None = None
     verdict_mono: float | None = None
+    acted_mono: float | None = None  # when its own restart or drain last ended
     tick_began: float | None = None
     tick_problem: str | None = None
     draining: bool = False
@@ -64,6 +65,8 @@ class Shown:
         if self.restarting or self.draining:
             return None
         seen = self.verdict_mono if self.verdict_mono is not None else self.watched_since
+        # A restart of its own is the watchdog at work: the wait after it counts from its end.
+        seen = max(seen, self.acted_mono if self.acted_mono is not None else seen)
         running = None if self.tick_began is None else mono - self.tick_began
         return bounds.blindness(mono - seen, self.fresh_for(interval), self.tick_problem, running)
 
@@ -101,6 +104,7 @@ def view_of(c: Cycle) -> Shown:
         judged_at=c.judged_at,
         state_since=c.state_since,
         verdict_mono=s.verdict_mono,
+        acted_mono=s.acted_mono,
         tick_began=s.tick_began,
         tick_problem=s.tick_problem,
         draining=c.draining,

@@ -23,6 +23,7 @@ class Sight:
     # (wall, span) at the end of the last tick, to notice a sleep or a clock jump.
     last_tick: tuple[float, float] | None = None
     fresh_since: float | None = None  # after a jump, probes count as sent no earlier than this
+    acted_mono: float | None = None  # when a restart or a drain of its own last ended
 
     def jump(self, wall: float, mono: float, interval: float) -> tuple[float, float] | None:
         """(wall, span) seconds since the last tick when the two clocks parted, else None."""
