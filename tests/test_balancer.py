@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlx_watchdog.advice.balancer import findings
 from mlx_watchdog.advice.calibrate import Advice
-from mlx_watchdog.config import parse_config
+from mlx_watchdog.config import Config, parse_config
 from mlx_watchdog.daemon import Daemon
 from mlx_watchdog.serve.agent import answer
 from tests.balancing import (
@@ -149,13 +150,60 @@ NEED = Advice(32768, 1024, 95.0, 2.0, 150, 180, 210)  # a calibration: 210 s at 
 
 
 def trap_findings(text: str, tmp_path: Path, serial: bool = True) -> list[tuple[str, str]]:
-    from mlx_watchdog.advice.balancer import findings
-
     path = tmp_path / "balancer.cfg"
     path.write_text(text)
-    config = parse_config({"server": [{"name": "mac1", "url": "http://10.0.0.11:8080"}]})
-    serial_names = {"mac1"} if serial else set()
-    return [(lvl, d) for lvl, d, _ in findings(path, config, {"mac1": NEED}, serial_names)]
+    serial_names = {NAME} if serial else set()
+    return [(lvl, d) for lvl, d, _ in findings(path, docs_watchdog(), {NAME: NEED}, serial_names)]
+
+
+NAME = "mlx-8080"  # the docs' name for the server, in the watchdog and in agent-send
+
+
+def docs_watchdog(agent: str = "10.0.0.11:9465") -> Config:
+    """The watchdog docs/endpoint.md sets up on the machine 10.0.0.11."""
+    return parse_config(
+        {"watchdog": {"agent": agent}, "server": [{"name": NAME, "url": "http://10.0.0.11:8080"}]}
+    )
+
+
+def test_doctor_reads_the_agent_check_against_the_watchdogs_agent(tmp_path: Path) -> None:
+    """Issue 55: an agent-send naming HAProxy's own server name (the docs use different names in
+    the two places) made every server DOWN and every request 503 while doctor said ok; a wrong
+    agent-port and an agent-send without a newline passed too."""
+    docs = docs_block("haproxy")
+    assert [lvl for lvl, _ in trap_findings(docs, tmp_path)] == ["ok"]
+
+    def said(text: str, config: Config | None = None) -> str:
+        path = tmp_path / "agent.cfg"
+        path.write_text(text)
+        found = findings(path, config or docs_watchdog(), {NAME: NEED}, {NAME})
+        return "\n".join(f"{lvl}: {d}" for lvl, d, _ in found)
+
+    own = said(docs.replace('agent-send "mlx-8080\\n"', 'agent-send "mac1\\n"', 1))
+    assert (
+        "problem: haproxy mlx mac1 (mlx-8080): agent-send names 'mac1' (HAProxy's own name" in own
+    )
+    assert "a server this watchdog does not watch" in own and "answers down" in own
+    port = said(docs.replace("agent-port 9465", "agent-port 9464", 1))
+    assert (
+        "problem: haproxy mlx mac1 (mlx-8080): agent-port 9464, but this watchdog's agent" in port
+    )
+    bare = said(docs.replace('agent-send "mlx-8080\\n"', 'agent-send "mlx-8080"', 1))
+    assert "warning: haproxy mlx mac1 (mlx-8080): agent-send 'mlx-8080' has no newline" in bare
+    slow = said(docs.replace("agent-inter 1s", "agent-inter 30s", 1))
+    assert "agent-inter 30 s: traffic moves that late" in slow
+    off = said(docs, docs_watchdog("off"))
+    assert "this watchdog serves no agent check (watchdog.agent is off)" in off
+    elsewhere = said(docs, docs_watchdog("127.0.0.1:9465"))
+    assert (
+        "HAProxy asks the agent at 10.0.0.11, but this watchdog's agent listens on 127.0.0.1"
+        in (elsewhere)
+    )
+    # A default-server line carries the agent check to each server line under it.
+    shared = docs.replace(" agent-check agent-addr 10.0.0.11 agent-port 9465", "", 1).replace(
+        "\nbackend mlx\n", "\nbackend mlx\n    default-server agent-check agent-port 9466\n", 1
+    )
+    assert "agent-port 9466, but this watchdog's agent check listens on port 9465" in said(shared)
 
 
 def test_doctor_finds_the_seeds_traps_in_an_haproxy_config(tmp_path: Path) -> None:

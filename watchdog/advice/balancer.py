@@ -17,6 +17,7 @@ from pathlib import Path
 from mlx_watchdog.advice.calibrate import Advice
 from mlx_watchdog.advice.finding import Level
 from mlx_watchdog.config import Config, ServerConfig
+from mlx_watchdog.config.values import is_loopback
 from mlx_watchdog.sense.files import open_regular
 from mlx_watchdog.sense.process import is_local_address
 
@@ -25,6 +26,16 @@ MAX_BALANCER_CONFIG = 2 * 2**20  # bytes of a balancer config read at most
 
 class BalancerConfigError(ValueError):
     """A file that is not a balancer config this module reads; the message says why."""
+
+
+@dataclass(frozen=True)
+class AgentCheck:
+    """A server line's `agent-check` (HAProxy), as its parameters say."""
+
+    send: str | None  # agent-send, its escapes read (None: none)
+    port: int | None  # agent-port
+    addr: str | None  # agent-addr (None: the server's own address)
+    inter_s: float | None  # agent-inter (None: `inter`, 2 s by default)
 
 
 @dataclass
@@ -40,6 +51,8 @@ class Upstream:
     retries: int = 0
     redispatch: bool = False
     retry_on: str = ""
+    name: str = ""  # the balancer's name for the server (HAProxy's `server NAME`)
+    agent: AgentCheck | None = None
 
 
 def load(path: Path) -> list[Upstream]:
@@ -101,7 +114,7 @@ def _haproxy(text: str) -> list[Upstream]:
             _seconds(settings.get("timeout queue", "")) if "timeout queue" in settings else connect
         )
         for words in servers:
-            args = words[3:]
+            args = [*settings.get("default-server", "").split(), *words[3:]]
             maxconn = next((args[i + 1] for i, w in enumerate(args[:-1]) if w == "maxconn"), None)
             retries = settings.get("retries", "3")
             found.append(
@@ -115,9 +128,37 @@ def _haproxy(text: str) -> list[Upstream]:
                     retries=_number(retries) or 3,
                     redispatch="option redispatch" in settings,
                     retry_on=settings.get("retry-on", "conn-failure"),
+                    name=words[1] if len(words) > 1 else "?",
+                    agent=_agent(args),
                 )
             )
     return found
+
+
+def _agent(args: list[str]) -> AgentCheck | None:
+    """The agent check a server line's parameters (after its default-server's) set up."""
+    if "agent-check" not in args:
+        return None
+    value = {w: args[i + 1] for i, w in enumerate(args[:-1]) if w.startswith("agent-")}
+    send = value.get("agent-send")
+    inter = value.get("agent-inter")
+    return AgentCheck(
+        send=None if send is None else _unquote(send),
+        port=_number(value.get("agent-port")),
+        addr=value.get("agent-addr"),
+        inter_s=None if inter is None else _seconds(inter),
+    )
+
+
+def _unquote(word: str) -> str:
+    r"""A word as HAProxy reads it: quotes dropped, and within double quotes or bare, the
+    escapes \n, \r, \t and \\ read (configuration.txt, 2.2 "Quoting and escaping")."""
+    if len(word) >= 2 and word[0] == word[-1] == "'":
+        return word[1:-1]
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        word = word[1:-1]
+    escapes = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "'": "'", " ": " "}
+    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(0)), word)
 
 
 def _number(text: str | None) -> int | None:
@@ -183,6 +224,93 @@ def findings(
     yield "ok", f"{path}: {', '.join(kinds)}, {len(watched)} of its servers watched here", ""
     for u, server in watched:
         yield from _one(u, server, advice.get(server.name), server.name in serial)
+        if u.agent is not None:
+            yield from _agent_findings(u, u.agent, server, config)
+
+
+AGENT_INTER_MAX = 10.0  # s: past this, traffic moves that late after the watchdog's first sign
+NAME_WAIT_SAID = "0.5 s"  # serve/agent.py's NAME_WAIT, as a person reads it
+
+
+def _agent_findings(
+    u: Upstream, agent: AgentCheck, server: ServerConfig, config: Config
+) -> Iterator[tuple[Level, str, str]]:
+    """HAProxy's agent check of a watched server, against this watchdog's agent: the port it
+    asks, an address the agent listens on, a name it watches, a newline, a sane interval."""
+    where = f"haproxy {u.section} {u.name} ({server.name})"
+    mine = config.watchdog.agent
+    if mine is None:
+        yield (
+            "problem",
+            f"{where}: agent-check asks port {agent.port or '(none)'}, but this watchdog serves "
+            "no agent check (watchdog.agent is off): HAProxy's agent check fails",
+            f'agent = "{server.host}:{agent.port or 9465}" under [watchdog]',
+        )
+        return
+    host, port = mine
+    if agent.port != port:
+        yield (
+            "problem",
+            f"{where}: agent-port {agent.port if agent.port is not None else '(none)'}, but "
+            f"this watchdog's agent check listens on port {port}",
+            f"agent-port {port}",
+        )
+    asked = agent.addr or server.host
+    if not _reaches(asked, host):
+        yield (
+            "problem",
+            f"{where}: HAProxy asks the agent at {asked}, but this watchdog's agent listens on "
+            f"{host} only",
+            f'agent = "{asked}:{port}" under [watchdog] (or agent-addr {host})',
+        )
+    names = [s.name for s in config.servers]
+    if agent.send is None:
+        if len(names) > 1:
+            yield (
+                "problem",
+                f"{where}: no agent-send, and this watchdog watches {len(names)} servers: the "
+                "agent cannot tell which is asked and answers down",
+                f'agent-send "{server.name}\\n"',
+            )
+        return
+    name = agent.send.rstrip("\r\n")
+    if name != server.name:
+        own = " (HAProxy's own name for it)" if name == u.name else ""
+        known = "a server this watchdog does not watch" if name not in names else "another server"
+        yield (
+            "problem",
+            f"{where}: agent-send names {name!r}{own}, {known}; the watchdog calls the server at "
+            f"{u.address} {server.name!r}: the agent answers "
+            + (
+                "down and HAProxy takes the server out"
+                if name not in names
+                else "for the wrong one"
+            ),
+            f'agent-send "{server.name}\\n"',
+        )
+    if not agent.send.endswith("\n"):
+        yield (
+            "warning",
+            f"{where}: agent-send {agent.send!r} has no newline: the agent waits {NAME_WAIT_SAID} "
+            "for one at each check before it answers",
+            f'agent-send "{name}\\n"',
+        )
+    if agent.inter_s is not None and agent.inter_s > AGENT_INTER_MAX:
+        yield (
+            "warning",
+            f"{where}: agent-inter {agent.inter_s:g} s: traffic moves that late after the "
+            "watchdog's first sign of a wedge",
+            "agent-inter 1s",
+        )
+
+
+def _reaches(asked: str, bound: str) -> bool:
+    """Whether a connection to `asked` reaches an agent bound to `bound` on this machine."""
+    if bound in ("0.0.0.0", "::", ""):
+        return True
+    if asked == bound:
+        return True
+    return is_loopback(asked) and is_loopback(bound)
 
 
 def _one(
