@@ -152,10 +152,20 @@ def configured(text: str, setup: str) -> str:
     )
 
 
-def run_real(setup: str, after: int, haproxy: str, work: Path, model: Path) -> dict[str, object]:
+def run_real(
+    setup: str,
+    after: int,
+    haproxy: str,
+    work: Path,
+    model: Path,
+    *,
+    through: bool = False,
+    prompts: int = 2,
+) -> dict[str, object]:
     """The seed's setup behind HAProxy (configured for `setup`): two real serial servers
     (`model`, `--draft-model`) started and restarted by one watchdog, a client stream, and a
-    wedge from two long prompts sent to server "a" by clients that give up after 1 s."""
+    wedge from two long prompts sent by clients that give up after 1 s: to server "a"
+    directly, or (`through`) through HAProxy, as the field sends them."""
     from mlx_watchdog.demo.run import long_prompt, send
     from tests.conftest import ttft
 
@@ -208,19 +218,20 @@ def run_real(setup: str, after: int, haproxy: str, work: Path, model: Path) -> d
         words = int(rate * 20 / 3)  # each abandoned prompt about 20 s of prefill
         stream = Stream(f"http://127.0.0.1:{front}")
         until(lambda: len(stream.results) >= 10, 30, "the stream")
-        for seed in (11, 12):  # the seed's wedge: clients that give up after 1 s
-            send(a, long_prompt(seed, words=words), timeout=1.0)
+        to = f"http://127.0.0.1:{front}" if through else a
+        for seed in (11, 12)[:prompts]:  # the seed's wedge: clients that give up after 1 s
+            send(to, long_prompt(seed, words=words), timeout=1.0)
         store = daemon.daemon.store
 
         def cured() -> bool:
-            incidents = store.incidents(0.0, "a")
+            incidents = store.incidents(0.0, None if through else "a")
             return bool(incidents) and all(i.closed_at is not None for i in incidents)
 
         until(cured, 300, "the wedge on a to end")
         ended_at = len(stream.results)
         until(lambda: len(stream.results) >= ended_at + after, 120, "requests after it")
         results = stream.end()
-        how = [i.outcome for i in store.incidents(0.0, "a")]
+        how = [i.outcome for i in store.incidents(0.0, None if through else "a")]
     finally:
         proxy.terminate()
         proxy.wait(10)

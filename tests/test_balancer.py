@@ -222,6 +222,7 @@ def test_doctor_finds_the_seeds_traps_in_an_haproxy_config(tmp_path: Path) -> No
     assert "retries 3 without option redispatch" in text  # HAProxy's default 3 retries
     assert "retry-on all-retryable-errors resends a prompt" in text
     assert "no queue in front of a server that serves one request at a time" in text
+    assert "no option abortonclose: a client that gives up at the balancer leaves" in text
     queued = trap.replace(
         "server mac1 10.0.0.11:8080 check", "server mac1 10.0.0.11:8080 maxconn 1"
     )
@@ -469,6 +470,24 @@ def test_the_seeds_wedge_behind_haproxy_loses_no_request(
     assert row["failed"] == 0, row
     assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0, row
     assert row["incident_outcomes"] == ["restarted"], row
+
+
+def test_long_prompts_given_up_at_haproxy_are_seen_and_cured(
+    tmp_path: Path, tiny_model: Path, haproxy: str
+) -> None:
+    """Issue 55: the field sends the long prompts through the balancer, and gives up there;
+    HAProxy kept its connection to the server open, and the watchdog saw "1 live client being
+    served" for 477 s. With the docs' `option abortonclose`, HAProxy 2.6 resets the server's
+    connection when its client leaves: the request vanishes unanswered, and counts as the
+    abandoned work it is. No request fails, none waits past the detection, a check and 4 s.
+    (Two such prompts at once wedge both servers, and draining both leaves HAProxy none: left
+    open in the issue's note.)"""
+    from tests.balancing import run_real
+
+    row = run_real("agent", 20, haproxy, tmp_path, tiny_model, through=True, prompts=1)
+    assert row["failed"] == 0, row
+    assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0, row
+    assert row["incident_outcomes"] and all(o for o in row["incident_outcomes"]), row
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import psutil
+import pytest
 
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.states import State
@@ -112,3 +113,51 @@ def _held(pid: int, port: int) -> bool:
         c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port and c.raddr
         for c in psutil.Process(pid).net_connections("tcp")
     )
+
+
+def test_a_request_reset_unanswered_under_the_server_is_abandoned_work(
+    bad_server: Callable[..., Running],
+) -> None:
+    """Issue 55: HAProxy's `option abortonclose` (2.6 as Debian ships it) resets the server's
+    connection when the client leaves, so it never shows as CLOSE_WAIT: it vanishes while the
+    server still has its request. Sent nothing by the server, it counts as abandoned work."""
+    import struct
+
+    srv = bad_server("hang")
+    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"))
+    conn = socket.create_connection(("127.0.0.1", srv.port))
+    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+    until(lambda: inspector.sample().live == 1, 10, "the request seen live")
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()  # a reset, as a balancer's abort sends
+    seen = until(lambda: (s := inspector.sample()).abandoned == 1 and s, 10, "the departure")
+    (left,) = seen.clients
+    assert left.departed and left.status == "abandoned" and left.received
+    assert seen.live == 0 and inspector.gave_up == 1
+    again = inspector.sample()  # still held: the server sent no one anything since
+    assert again.abandoned == 1 and inspector.gave_up == 1
+
+
+def test_a_request_reset_before_any_look_is_counted_from_the_socket_the_server_holds(
+    bad_server: Callable[..., Running],
+) -> None:
+    """A request that lives a second is often reset between two looks: never seen live. The
+    server still holds its socket, which no kernel table lists (Linux), until its handler ends:
+    that is the count of requests it works on for nobody."""
+    import struct
+    import sys
+
+    if sys.platform != "linux":
+        pytest.skip("read from /proc")
+    srv = bad_server("hang")
+    inspector = Inspector(ServerConfig("b", srv.url, match="badserver"))
+    assert inspector.sample().abandoned == 0
+    conn = socket.create_connection(("127.0.0.1", srv.port))
+    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+    until(lambda: _held(srv.proc.pid, srv.port), 10, "the server to hold the connection")
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+    seen = until(lambda: (s := inspector.sample()).abandoned == 1 and s, 10, "the reset")
+    (left,) = seen.clients
+    assert left.departed and left.received is None and inspector.gave_up == 1
+    assert inspector.sample().abandoned == 1 and inspector.gave_up == 1  # counted once

@@ -52,6 +52,7 @@ class Upstream:
     redispatch: bool = False
     retry_on: str = ""
     name: str = ""  # the balancer's name for the server (HAProxy's `server NAME`)
+    abortonclose: bool = True  # a client's departure ends its server connection (HAProxy)
     agent: AgentCheck | None = None
 
 
@@ -129,6 +130,7 @@ def _haproxy(text: str) -> list[Upstream]:
                     redispatch="option redispatch" in settings,
                     retry_on=settings.get("retry-on", "conn-failure"),
                     name=words[1] if len(words) > 1 else "?",
+                    abortonclose="option abortonclose" in settings,
                     agent=_agent(args),
                 )
             )
@@ -185,6 +187,7 @@ def _nginx(text: str) -> list[Upstream]:
     upstreams = _blocks(text)
     read = re.search(r"\bproxy_read_timeout\s+([^;]+);", text)
     nxt = re.search(r"\bproxy_next_upstream\s+([^;]+);", text)
+    ignores = re.search(r"\bproxy_ignore_client_abort\s+on\s*;", text) is not None
     timeout = _seconds(read.group(1), "s") if read else 60.0  # nginx's default
     found = []
     for name, body in upstreams.items():
@@ -204,6 +207,7 @@ def _nginx(text: str) -> list[Upstream]:
                     retries=0 if nxt is not None and nxt.group(1).strip() == "off" else 1,
                     redispatch=True,  # nginx's next upstream is another server
                     retry_on=nxt.group(1).strip() if nxt else "error timeout",
+                    abortonclose=not ignores,
                 )
             )
     return found
@@ -338,6 +342,17 @@ def _one(
             f"{where}: proxy_next_upstream includes timeout: a prompt that timed out is sent "
             "again, one more abandoned request",
             "proxy_next_upstream error; (connection errors only)",
+        )
+    if not u.abortonclose:
+        what = "no option abortonclose" if u.kind == "haproxy" else "proxy_ignore_client_abort on"
+        yield (
+            "warning",
+            f"{where}: {what}: a client that gives up at the balancer leaves "
+            "its request on the server, whose connection stays open, so the server (and the "
+            "watchdog) sees a live client being served while it computes for nobody",
+            "option abortonclose (in defaults or the backend)"
+            if u.kind == "haproxy"
+            else "proxy_ignore_client_abort off (nginx's default)",
         )
     if u.kind == "haproxy" and u.retries and not u.redispatch:
         yield (

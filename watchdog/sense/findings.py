@@ -48,6 +48,9 @@ class Client:
     sent_at: float | None = None  # when its last byte came, on the span clock; None: unknown
     answered: int | None = None  # bytes the server sent it (acknowledged); None: unknown
     answered_at: float | None = None  # when the server last sent it data, on the span clock
+    # Its connection is gone, unanswered: reset, as HAProxy's `option abortonclose` does when
+    # its client leaves. The server still has its request; nothing of it is left to read.
+    departed: bool = False
 
     @property
     def sent(self) -> float:

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -48,6 +49,7 @@ class ProcessTable:
         self.moved = netstat.Mover()
         self.bytes_problem = ""  # why bytes per connection cannot be read ("": they can)
         self.mono: Clock = time.monotonic
+        self.owned: set[int] | None = None  # the socket inodes the last process read holds
 
     def connections(self, proc: psutil.Process, port: int, kind: str) -> list[Any]:
         """The process's TCP sockets of that kind: at least those on `port` (all of them,
@@ -55,7 +57,7 @@ class ProcessTable:
         if self.diag:
             try:
                 on_port = sockdiag.sockets(port, FAMILIES[kind])
-                owned = sockdiag.owned_inodes(proc.pid)
+                owned = self.owned = sockdiag.owned_inodes(proc.pid)
                 return [c for c in on_port if c.inode in owned]
             except FileNotFoundError:
                 raise psutil.NoSuchProcess(proc.pid) from None
@@ -66,6 +68,13 @@ class ProcessTable:
                 self.diag = False
         conns = list(proc.net_connections(kind))
         return self._with_bytes(conns, port) if self.mac else conns
+
+    def held_closed(self) -> int | None:
+        """How many connections the process last read holds that are closed or reset under
+        it (Linux: sockets no kernel table lists); None where that cannot be read."""
+        if not self.diag or self.owned is None:
+            return None
+        return sockdiag.held_closed(self.owned)
 
     def _with_bytes(self, conns: list[Any], port: int) -> list[Any]:
         """The connections on `port` with their byte counts from netstat (macOS), read only
@@ -271,6 +280,9 @@ def _ends(conn: Any) -> tuple[Address, Address]:
     return (_normal((conn.laddr.ip, conn.laddr.port)), _normal((conn.raddr.ip, conn.raddr.port)))
 
 
+DEPARTED_KEEP = 900.0  # s a request reset unanswered is counted as held work at most
+
+
 class Inspector:
     """Samples one server's process; keeps what must persist between samples.
 
@@ -358,6 +370,7 @@ class Inspector:
         elif families == {socket.AF_INET6}:
             self._kind = "tcp6"
         seen = self._clients_of(conns, port, exclude, now)
+        self._reset_under(seen, now)
         self._clients = seen
         clients = tuple(sorted(seen.values(), key=lambda c: c.first_seen))
         return ProcessSample(
@@ -428,7 +441,58 @@ class Inspector:
             )
             if status == "abandoned" and (before is None or before.status != "abandoned"):
                 self.gave_up += 1
+        # When the server last sent any connection data, the watchdog's own probe's included.
+        answered = [
+            now - quiet / 1000.0
+            for conn in conns
+            if getattr(conn, "acked", None)
+            and (quiet := getattr(conn, "sent_quiet_ms", None)) is not None
+        ]
+        for left in self._departed(seen, answered, now):
+            seen[left.address] = left
         return seen
+
+    def _reset_under(self, seen: dict[Address, Client], now: float) -> None:
+        """What the kernel says of requests whose connections were reset under the server
+        (Linux): it still holds their sockets, which no table lists, until its handler ends.
+        As many departed requests as it holds are kept (the oldest go first when it holds
+        fewer: their work ended); those never seen live are added, their sizes unknown."""
+        held = self.table.held_closed()
+        if held is None:
+            return
+        departed = sorted((c for c in seen.values() if c.departed), key=lambda c: c.sent)
+        for gone in departed[: max(0, len(departed) - held)]:
+            del seen[gone.address]
+        known = [c for c in self._clients.values() if c.departed and c.received is None]
+        for i in range(max(0, held - len(departed))):
+            before = known[i] if i < len(known) else None
+            at = before.first_seen if before else now
+            if before is None:
+                self.gave_up += 1
+            addr = before.address if before else ("reset", int(now * 1000) + i)
+            seen[addr] = Client(addr, "abandoned", at, at, departed=True)
+
+    def _departed(
+        self, seen: dict[Address, Client], answered: list[float], now: float
+    ) -> list[Client]:
+        """Requests whose connections are gone though the server sent them nothing: reset
+        under it (a balancer's abort, HAProxy's `option abortonclose`), so they never show as
+        CLOSE_WAIT, while the server still has the work. Each counts as abandoned until the
+        server sends a byte to a connection after it left (it got past that work), or for
+        DEPARTED_KEEP at most."""
+        kept = []
+        for addr, c in self._clients.items():
+            if addr in seen or not c.received:
+                continue
+            if not c.departed and (c.status != "live" or c.answered != 0):
+                continue  # answered, or seen leaving already: its work is done or counted
+            since = c.abandoned_since if c.departed and c.abandoned_since else now
+            if now - since > DEPARTED_KEEP or any(at > since for at in answered):
+                continue
+            if not c.departed:
+                self.gave_up += 1
+            kept.append(replace(c, status="abandoned", abandoned_since=since, departed=True))
+        return kept
 
     def _on_this_machine(self, ip: str) -> bool:
         if self._addresses is None:

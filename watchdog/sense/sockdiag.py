@@ -218,6 +218,57 @@ def owned_inodes(pid: int) -> set[int]:
     return inodes
 
 
+# Every socket a process can hold is listed in one of these, but a TCP connection reset (or
+# closed) under a process that keeps its descriptor: the kernel unhashes it from every table.
+LISTED = (
+    "tcp",
+    "tcp6",
+    "udp",
+    "udp6",
+    "udplite",
+    "udplite6",
+    "raw",
+    "raw6",
+    "icmp",
+    "icmp6",
+    "unix",
+    "netlink",
+    "packet",
+)
+LISTED_MAX = 8 << 20  # bytes of each table read at most
+
+
+def held_closed(owned: set[int]) -> int | None:
+    """How many of these socket inodes (a process's) no table lists: connections closed or
+    reset under the process while it still holds them (a server whose handler works on a
+    request whose client is gone). None when a table cannot be read, or is too large."""
+    listed: set[int] = set()
+    for name in LISTED:
+        try:
+            with open(f"/proc/net/{name}", "rb") as fh:
+                text = fh.read(LISTED_MAX + 1)
+        except FileNotFoundError:
+            continue  # a family this kernel does not have
+        except OSError:
+            return None
+        if len(text) > LISTED_MAX:
+            return None
+        listed |= _inodes(name, text)
+    return len(owned - listed)
+
+
+def _inodes(name: str, text: bytes) -> set[int]:
+    """The inode column of one /proc/net table (unix: the 7th field; netlink: the 10th;
+    packet: the 9th; the inet tables: the 10th)."""
+    column = {"unix": 6, "netlink": 9, "packet": 8}.get(name, 9)
+    found: set[int] = set()
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > column and fields[column].isdigit():
+            found.add(int(fields[column]))
+    return found
+
+
 def holder(inodes: Iterable[int], match: str = "") -> dict[int, int]:
     """The PIDs holding these socket inodes ({inode: pid}), looked for among this machine's
     processes, those whose command line holds `match` first (the server is usually the first
