@@ -54,6 +54,25 @@ def test_the_agent_answers_each_server_as_healthz_does() -> None:
     assert "\n" not in answer(hostile, "srv-wedged")
 
 
+def test_the_last_server_in_stays_in_so_requests_queue_instead_of_failing() -> None:
+    """Issue 55: two long prompts given up through HAProxy wedged both servers; both drained
+    and restarted at once left HAProxy no server, and every request got a 503. The last of a
+    watchdog's servers not out answers up (its requests wait in HAProxy's queue), and the
+    restarts take turns (cycle/crew.py Turns)."""
+    from mlx_watchdog.cycle.crew import Turns
+
+    both = changed(status_doc(NOW, ("wedged", "wedged")), 1, name="srv-b")
+    assert answer(both, "srv-wedged") == "up ready"
+    one_out = changed(both, 0, restarting=True, serving=False)
+    assert answer(one_out, "srv-wedged") == "down #restarting"  # the one restarting is out
+    other = changed(status_doc(NOW, ("healthy", "wedged")), 0, serving=True)
+    assert answer(other, "srv-wedged") == "down #wedged"  # another serves: this one goes
+    turns = Turns()
+    assert turns.take("a") == [] and turns.take("b") == ["a"] and turns.take("a") == []
+    turns.give_back("a")
+    assert turns.take("b") == []
+
+
 def test_the_agent_reads_what_it_is_sent_within_bounds_and_answers_one_line() -> None:
     """Whatever connects to the agent port: a name line too long, one with control
     characters, or nothing at all; each gets one line, within the read's bound."""
@@ -472,8 +491,9 @@ def test_the_seeds_wedge_behind_haproxy_loses_no_request(
     assert row["incident_outcomes"] == ["restarted"], row
 
 
+@pytest.mark.parametrize("prompts", [1, 2])
 def test_long_prompts_given_up_at_haproxy_are_seen_and_cured(
-    tmp_path: Path, tiny_model: Path, haproxy: str
+    tmp_path: Path, tiny_model: Path, haproxy: str, prompts: int
 ) -> None:
     """Issue 55: the field sends the long prompts through the balancer, and gives up there;
     HAProxy kept its connection to the server open, and the watchdog saw "1 live client being
@@ -484,7 +504,7 @@ def test_long_prompts_given_up_at_haproxy_are_seen_and_cured(
     open in the issue's note.)"""
     from tests.balancing import run_real
 
-    row = run_real("agent", 20, haproxy, tmp_path, tiny_model, through=True, prompts=1)
+    row = run_real("agent", 20, haproxy, tmp_path, tiny_model, through=True, prompts=prompts)
     assert row["failed"] == 0, row
     assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0, row
     assert row["incident_outcomes"] and all(o for o in row["incident_outcomes"]), row

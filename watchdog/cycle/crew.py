@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,6 +72,29 @@ class NoSink:
         pass
 
 
+class Turns:
+    """Servers behind one balancer (`restart.drain`) go out one at a time. Two wedged at once
+    and both drained and restarted left HAProxy no server, and every request got a 503; kept
+    in, the second holds its queue (its `maxconn 1` slot is taken) while the first restarts,
+    then takes its own turn."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._out: set[str] = set()
+
+    def take(self, name: str) -> list[str]:
+        """Take `name` out, or the others out now (its turn is not yet)."""
+        with self._lock:
+            others = sorted(self._out - {name})
+            if not others:
+                self._out.add(name)
+            return others
+
+    def give_back(self, name: str) -> None:
+        with self._lock:
+            self._out.discard(name)
+
+
 @dataclass
 class Crew:
     """What every server's cycle shares."""
@@ -89,3 +113,4 @@ class Crew:
     # restart under memory pressure.
     machine: Callable[[], Machine | None] = read_machine
     residents: Callable[[], list[tuple[str, int]]] = list
+    turns: Turns = field(default_factory=Turns)

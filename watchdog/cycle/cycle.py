@@ -91,6 +91,7 @@ class Cycle:
         self.started_mono: float | None = None  # the watchdog started the server itself then
         self.sight = Sight(watched_since=self.mono(), tick_moved=self.mono())
         self.refused_said = False  # the identity refusal is said once until the server serves
+        self._turn_said = False  # "not restarting while another is out" said once a wait
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
         self.asks = Asks()
         # A reload's settings, applied by the server's own job between two ticks; and whether a
@@ -448,14 +449,30 @@ class Cycle:
                 self.refused_said = True
                 self.emit(EventKind.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
+        turn = self.server.restart.drain and not manual
+        if turn and (others := self.crew.turns.take(self.server.name)):
+            if not self._turn_said:
+                self._turn_said = True
+                log.info(
+                    "%s: not restarting while %s is out: the balancer keeps this server, and "
+                    "its requests wait in the balancer's queue instead of failing",
+                    self.server.name,
+                    ", ".join(others),
+                )
+            return False
+        self._turn_said = False
         with self._owner:
             if self.retired:
+                if turn:
+                    self.crew.turns.give_back(self.server.name)
                 return False
             self._climbing = True
         try:
             attempt = Attempt(self, trigger, reason, pid, manual=manual)
             climb = attempt.climb()
         finally:
+            if turn:
+                self.crew.turns.give_back(self.server.name)
             # The verdict is as old as the restart now; its freshness counts from here.
             self.sight.acted_mono = self.mono()
             with self._owner:

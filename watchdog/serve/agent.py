@@ -45,7 +45,16 @@ def answer(doc: Status, asked: str) -> str:
             return f"down #agent-send names no server and this watchdog watches {len(servers)}"
         return fitness(servers[0])
     s = next((s for s in servers if s.name == asked), None)
-    return fitness(s) if s is not None else f"down #no server named {_said(asked)} here"
+    if s is None:
+        return f"down #no server named {_said(asked)} here"
+    said = fitness(s)
+    others = [o for o in servers if o.name != s.name]
+    kept = said != UP and others and not s.restarting and not s.draining
+    if kept and not any(o.serving for o in others):
+        # The last of this watchdog's servers in: out, HAProxy would answer every request 503;
+        # in, they wait in its queue for the first server back (Turns restarts one at a time).
+        return UP
+    return said
 
 
 def fitness(s: ServerStatus) -> str:
