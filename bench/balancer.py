@@ -3,6 +3,7 @@
     python bench/balancer.py            # each setup once, 40 requests after the cure
     python bench/balancer.py --quick    # CI's smoke run: 10 after the cure
     python bench/balancer.py --real     # the seed's setup: two real mlx_lm.servers (minutes)
+    python bench/balancer.py --real --through   # ... its long prompts sent through HAProxy
 
 Two misbehaving servers of our own (tests/badserver.py) behind HAProxy 2.6 (Debian's), one
 watchdog watching both (restarts through the `command` manager, each taking 1.5 s), a client
@@ -20,7 +21,9 @@ it is sent (its hang file) until the watchdog restarts it. Three setups, the res
 With --real, the servers are two real `mlx_lm.server`s on the tiny model, serial through
 `--draft-model` as in the field, started and restarted by the watchdog (`process` manager,
 `restart.drain = true`: its balancer has another server), and server "a" is wedged the seed's
-way: two long prompts sent to it directly by clients that give up after 1 s.
+way: two long prompts sent to it directly by clients that give up after 1 s; with --through,
+the field's way: the long prompts sent through HAProxy, their clients giving up there (one,
+then two at once), for the agent setup.
 
 It prints one JSON document and a Markdown table (served, failed, p99 and max wait); nothing is
 asserted. Needs `haproxy` (apt-get install haproxy).
@@ -121,6 +124,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI's smoke run")
     parser.add_argument("--real", action="store_true", help="two real mlx_lm.servers")
+    parser.add_argument(
+        "--through", action="store_true", help="with --real: the long prompts sent through HAProxy"
+    )
     args = parser.parse_args()
     haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
     if haproxy is None:
@@ -132,7 +138,17 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             model = build_model(work / "model")
-            rows = [run_real(setup, 30, haproxy, work, model) for setup in ("agent", "/v1/models")]
+            if args.through:
+                rows = []
+                for n in (1, 2):
+                    (work / str(n)).mkdir()
+                    row = run_real(
+                        "agent", 30, haproxy, work / str(n), model, through=True, prompts=n
+                    )
+                    rows.append({**row, "setup": f"agent, {n} long prompt(s) through HAProxy"})
+            else:
+                setups = ("agent", "/v1/models")
+                rows = [run_real(setup, 30, haproxy, work, model) for setup in setups]
     else:
         setups = [s for s in SETUPS if s != "nginx" or nginx is not None]
         rows = [run(setup, 10 if args.quick else 40, haproxy, nginx) for setup in setups]

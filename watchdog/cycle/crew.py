@@ -76,23 +76,28 @@ class Turns:
     """Servers behind one balancer (`restart.drain`) go out one at a time. Two wedged at once
     and both drained and restarted left HAProxy no server, and every request got a 503; kept
     in, the second holds its queue (its `maxconn 1` slot is taken) while the first restarts,
-    then takes its own turn."""
+    then takes its own turn, once the balancer has had time to take the first back
+    (`settle_s`: HAProxy's `rise` checks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settle_s: float = 3.0) -> None:
         self._lock = threading.Lock()
         self._out: set[str] = set()
+        self._back: dict[str, float] = {}  # when each came back, on the span clock
+        self.settle_s = settle_s
 
-    def take(self, name: str) -> list[str]:
-        """Take `name` out, or the others out now (its turn is not yet)."""
+    def take(self, name: str, now: float) -> list[str]:
+        """Take `name` out at `now`, or the others out now or just back (not its turn yet)."""
         with self._lock:
-            others = sorted(self._out - {name})
+            back = {n for n, at in self._back.items() if now - at < self.settle_s}
+            others = sorted((self._out | back) - {name})
             if not others:
                 self._out.add(name)
             return others
 
-    def give_back(self, name: str) -> None:
+    def give_back(self, name: str, now: float) -> None:
         with self._lock:
             self._out.discard(name)
+            self._back[name] = now
 
 
 @dataclass

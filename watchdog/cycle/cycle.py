@@ -450,7 +450,7 @@ class Cycle:
                 self.emit(EventKind.REFUSED, f"not restarting: {problem}", pid=pid)
             return False
         turn = self.server.restart.drain and not manual
-        if turn and (others := self.crew.turns.take(self.server.name)):
+        if turn and (others := self.crew.turns.take(self.server.name, self.mono())):
             if not self._turn_said:
                 self._turn_said = True
                 log.info(
@@ -464,7 +464,7 @@ class Cycle:
         with self._owner:
             if self.retired:
                 if turn:
-                    self.crew.turns.give_back(self.server.name)
+                    self.crew.turns.give_back(self.server.name, self.mono())
                 return False
             self._climbing = True
         try:
@@ -472,7 +472,7 @@ class Cycle:
             climb = attempt.climb()
         finally:
             if turn:
-                self.crew.turns.give_back(self.server.name)
+                self.crew.turns.give_back(self.server.name, self.mono())
             # The verdict is as old as the restart now; its freshness counts from here.
             self.sight.acted_mono = self.mono()
             with self._owner:

@@ -37,8 +37,15 @@ NAME_WAIT = 0.5  # s: HAProxy sends agent-send at once; without one, the only se
 UP, DRAIN = "up ready", "drain"
 
 
-def answer(doc: Status, asked: str) -> str:
-    """The agent's line for the server `asked` names (the only one when it names none)."""
+# s another server must have served before this one may go out: HAProxy takes a server back
+# only after `rise` checks pass (the docs' `rise 2` at `inter 1s`), and until then the two
+# would be out together.
+SETTLE_S = 3.0
+
+
+def answer(doc: Status, asked: str, now: float | None = None) -> str:
+    """The agent's line for the server `asked` names (the only one when it names none), at
+    wall time `now` (None: the servers' own times are not weighed)."""
     servers = list(doc.servers)
     if not asked:
         if len(servers) != 1:
@@ -50,11 +57,18 @@ def answer(doc: Status, asked: str) -> str:
     said = fitness(s)
     others = [o for o in servers if o.name != s.name]
     kept = said != UP and others and not s.restarting and not s.draining
-    if kept and not any(o.serving for o in others):
+    if kept and not any(_settled(o, now) for o in others):
         # The last of this watchdog's servers in: out, HAProxy would answer every request 503;
         # in, they wait in its queue for the first server back (Turns restarts one at a time).
         return UP
     return said
+
+
+def _settled(s: ServerStatus, now: float | None) -> bool:
+    """Serving, and for long enough that the balancer has taken it back."""
+    if not s.serving:
+        return False
+    return now is None or s.state_since is None or now - s.state_since >= SETTLE_S
 
 
 def fitness(s: ServerStatus) -> str:
@@ -80,7 +94,7 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         name = _read_name(sock, time.monotonic() + NAME_WAIT)
         try:
-            line = answer(self.server.status(name or None), name)
+            line = answer(self.server.status(None), name, time.time())
         except Exception:  # the daemon's status failing must not leave HAProxy hanging
             log.exception("the agent check could not read the status")
             line = "down #the watchdog cannot read its status"
