@@ -228,25 +228,8 @@ def test_a_child_left_holding_the_port_is_named_for_a_person_and_never_signalled
     """The server the process manager started is gone, a child it left in its own session
     keeps the port and answers nothing: each failing verdict names the holder and the command
     that ends it; the watchdog, which did not start it, never signals it."""
-    from mlx_watchdog.config import parse_config
-    from mlx_watchdog.daemon import Daemon
-    from tests.builders import watchdog_config
-
     port, left = free_port(), tmp_path / "child.pid"
-    script = tmp_path / "holdport.py"
-    script.write_text(LEAVES_A_CHILD)
-    server = {
-        "name": "p",
-        "url": f"http://127.0.0.1:{port}",
-        "manager": "process",
-        "match": "holdport",
-        "command": [sys.executable, str(script), str(port), str(left)],
-        "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "2s"},
-        "restart": {"max_restarts": 1, "window": "1h", "backoff": "200ms"},
-    }
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
-    until(left.exists, 30, "the child left")
-    child = int(left.read_text())
+    t, child = _leaves_a_child(tmp_path, run_daemon, LEAVES_A_CHILD, port, left)
     try:
         w = t.daemon.cycles["p"]
         until(lambda: w.verdict is not None and f"PID {child}" in w.verdict.reason, 60, "named")
@@ -292,25 +275,8 @@ def test_a_child_holding_the_port_that_answers_closes_no_incident_as_recovered_b
     """Issue 54: the child holding the port was named and the restart counted failed, but its
     next answer closed the incident "recovered by itself". It is said as what it is: answered
     by the process that holds the port, not the server the manager runs."""
-    from mlx_watchdog.config import parse_config
-    from mlx_watchdog.daemon import Daemon
-    from tests.builders import watchdog_config
-
     port, left = free_port(), tmp_path / "child.pid"
-    script = tmp_path / "holdport.py"
-    script.write_text(ANSWERS_LATER)
-    server = {
-        "name": "p",
-        "url": f"http://127.0.0.1:{port}",
-        "manager": "process",
-        "match": "holdport",
-        "command": [sys.executable, str(script), str(port), str(left)],
-        "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "2s"},
-        "restart": {"max_restarts": 1, "window": "1h", "backoff": "200ms"},
-    }
-    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
-    until(left.exists, 30, "the child left")
-    child = int(left.read_text())
+    t, child = _leaves_a_child(tmp_path, run_daemon, ANSWERS_LATER, port, left)
     try:
         w = t.daemon.cycles["p"]
         until(lambda: w.verdict is not None and f"PID {child}" in w.verdict.reason, 60, "named")
@@ -322,3 +288,32 @@ def test_a_child_holding_the_port_that_answers_closes_no_incident_as_recovered_b
         t.stop()
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def _leaves_a_child(
+    tmp_path: Path,
+    run_daemon: Callable[[object], DaemonThread],
+    script_text: str,
+    port: int,
+    left: Path,
+) -> tuple[DaemonThread, int]:
+    """A daemon running `script_text` as its `process` server on `port`, and the PID of the
+    child it left holding the port (written to `left`)."""
+    from mlx_watchdog.config import parse_config
+    from mlx_watchdog.daemon import Daemon
+    from tests.builders import watchdog_config
+
+    script = tmp_path / "holdport.py"
+    script.write_text(script_text)
+    server = {
+        "name": "p",
+        "url": f"http://127.0.0.1:{port}",
+        "manager": "process",
+        "match": "holdport",
+        "command": [sys.executable, str(script), str(port), str(left)],
+        "probe": {"slow_after": "300ms", "wedge_after": "1s", "startup_grace": "2s"},
+        "restart": {"max_restarts": 1, "window": "1h", "backoff": "200ms"},
+    }
+    t = run_daemon(Daemon(parse_config(watchdog_config(tmp_path / "state", [server]))).open())
+    until(left.exists, 30, "the child left")
+    return t, int(left.read_text())
