@@ -235,7 +235,7 @@ LISTED = (
     "netlink",
     "packet",
 )
-LISTED_MAX = 8 << 20  # bytes of each table read at most
+TABLE_MAX = 8 << 20  # bytes of each table read at most
 
 
 def held_closed(owned: set[int]) -> int | None:
@@ -246,12 +246,12 @@ def held_closed(owned: set[int]) -> int | None:
     for name in LISTED:
         try:
             with open(f"/proc/net/{name}", "rb") as fh:
-                text = fh.read(LISTED_MAX + 1)
+                text = fh.read(TABLE_MAX + 1)
         except FileNotFoundError:
             continue  # a family this kernel does not have
         except OSError:
             return None
-        if len(text) > LISTED_MAX:
+        if len(text) > TABLE_MAX:
             return None
         listed |= _inodes(name, text)
     return len(owned - listed)
