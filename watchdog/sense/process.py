@@ -339,6 +339,8 @@ class Inspector:
             return ProcessSample(pid=None, error=f"no process of this user listens on port {port}")
         try:
             proc = self._process(pid)
+            if self._proc_first:
+                self._clients = {}  # another process: the last one's clients are not its own
             with proc.oneshot():
                 cmdline = tuple(proc.cmdline())
                 # psutil gives wall time; ages are spans on `mono`.
