@@ -69,9 +69,9 @@ class ProcessTable:
         conns = list(proc.net_connections(kind))
         return self._with_bytes(conns, port) if self.mac else conns
 
-    def held_closed(self) -> int | None:
-        """How many connections the process last read holds that are closed or reset under
-        it (Linux: sockets no kernel table lists); None where that cannot be read."""
+    def held_closed(self) -> set[int] | None:
+        """The connections the process last read holds that are closed or reset under it
+        (Linux: sockets no kernel table lists, by inode); None where that cannot be read."""
         if not self.diag or self.owned is None:
             return None
         return sockdiag.held_closed(self.owned)
@@ -311,6 +311,7 @@ class Inspector:
         self._addresses: set[str] | None = None  # this machine's, read at the first need
         self._kind = "tcp"  # the socket tables read: the listener's family once it is known
         self.gave_up = 0  # clients seen leaving (turning abandoned) since this inspector began
+        self._closed_before: set[int] = set()  # the sockets held closed at the last look
 
     def sample(self, pid: int | None = None, exclude: Iterable[Address] = ()) -> ProcessSample:
         """Look at the server now. `pid` comes from a manager; otherwise the port's listener.
@@ -459,14 +460,20 @@ class Inspector:
         (Linux): it still holds their sockets, which no table lists, until its handler ends.
         As many departed requests as it holds are kept (the oldest go first when it holds
         fewer: their work ended); those never seen live are added, their sizes unknown."""
-        held = self.table.held_closed()
-        if held is None:
+        closed = self.table.held_closed()
+        if closed is None:
             return
+        # Held across two looks: a server that writes to a client gone (its own abandoned
+        # request ending, a probe's left request) gets a reset back and closes its socket at
+        # the next write, milliseconds later; a request reset under it mid-prefill stays.
+        held = len(closed & self._closed_before)
+        self._closed_before = closed
         departed = sorted((c for c in seen.values() if c.departed), key=lambda c: c.sent)
-        for gone in departed[: max(0, len(departed) - held)]:
+        for gone in departed[: max(0, len(departed) - len(closed))]:
             del seen[gone.address]
+        kept = min(len(departed), len(closed))
         known = [c for c in self._clients.values() if c.departed and c.received is None]
-        for i in range(max(0, held - len(departed))):
+        for i in range(max(0, held - kept)):
             before = known[i] if i < len(known) else None
             at = before.first_seen if before else now
             if before is None:

@@ -238,10 +238,10 @@ LISTED = (
 TABLE_MAX = 8 << 20  # bytes of each table read at most
 
 
-def held_closed(owned: set[int]) -> int | None:
-    """How many of these socket inodes (a process's) no table lists: connections closed or
-    reset under the process while it still holds them (a server whose handler works on a
-    request whose client is gone). None when a table cannot be read, or is too large."""
+def held_closed(owned: set[int]) -> set[int] | None:
+    """Which of these socket inodes (a process's) no table lists: connections closed or reset
+    under the process while it still holds them (a server whose handler works on a request
+    whose client is gone). None when a table cannot be read, or is too large."""
     listed: set[int] = set()
     for name in LISTED:
         try:
@@ -254,7 +254,7 @@ def held_closed(owned: set[int]) -> int | None:
         if len(text) > TABLE_MAX:
             return None
         listed |= _inodes(name, text)
-    return len(owned - listed)
+    return owned - listed
 
 
 def _inodes(name: str, text: bytes) -> set[int]:
