@@ -20,6 +20,7 @@ from mlx_watchdog.config import Config, ServerConfig
 from mlx_watchdog.config.values import is_loopback
 from mlx_watchdog.sense.files import open_regular
 from mlx_watchdog.sense.process import is_local_address
+from mlx_watchdog.serve.agent import NAME_WAIT
 
 MAX_BALANCER_CONFIG = 2 * 2**20  # bytes of a balancer config read at most
 
@@ -233,7 +234,6 @@ def findings(
 
 
 AGENT_INTER_MAX = 10.0  # s: past this, traffic moves that late after the watchdog's first sign
-NAME_WAIT_SAID = "0.5 s"  # serve/agent.py's NAME_WAIT, as a person reads it
 
 
 def _agent_findings(
@@ -295,7 +295,7 @@ def _agent_findings(
     if not agent.send.endswith("\n"):
         yield (
             "warning",
-            f"{where}: agent-send {agent.send!r} has no newline: the agent waits {NAME_WAIT_SAID} "
+            f"{where}: agent-send {agent.send!r} has no newline: the agent waits {NAME_WAIT:g} s "
             "for one at each check before it answers",
             f'agent-send "{name}\\n"',
         )

@@ -72,6 +72,11 @@ class NoSink:
         pass
 
 
+# s a server back must have served before another goes out: HAProxy takes a server back only
+# after `rise` checks pass (the docs' `rise 2` at `inter 1s`); until then both would be out.
+SETTLE_S = 3.0
+
+
 class Turns:
     """Servers behind one balancer (`restart.drain`) go out one at a time. Two wedged at once
     and both drained and restarted left HAProxy no server, and every request got a 503; kept
@@ -79,7 +84,7 @@ class Turns:
     then takes its own turn, once the balancer has had time to take the first back
     (`settle_s`: HAProxy's `rise` checks)."""
 
-    def __init__(self, settle_s: float = 3.0) -> None:
+    def __init__(self, settle_s: float = SETTLE_S) -> None:
         self._lock = threading.Lock()
         self._out: set[str] = set()
         self._back: dict[str, float] = {}  # when each came back, on the span clock

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mlx_watchdog.cycle.crew import SETTLE_S
 from mlx_watchdog.record.document import ServerStatus, Status
 from mlx_watchdog.sense.text import printable
 
@@ -35,12 +36,6 @@ MAX_OPEN = 32
 BACKLOG = 128
 NAME_WAIT = 0.5  # s: HAProxy sends agent-send at once; without one, the only server answers
 UP, DRAIN = "up ready", "drain"
-
-
-# s another server must have served before this one may go out: HAProxy takes a server back
-# only after `rise` checks pass (the docs' `rise 2` at `inter 1s`), and until then the two
-# would be out together.
-SETTLE_S = 3.0
 
 
 def answer(doc: Status, asked: str, now: float | None = None) -> str:

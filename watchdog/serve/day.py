@@ -258,16 +258,10 @@ def read_day(
         restarts=per_hour([(r.at, 1) for r in store.restarts(server, since)], since),
         gave_up=per_hour(gave_up, since),
         incidents=tuple(reversed(incidents)),
-        advice=_advice(store.last_calibration(server)),
+        advice=calibration_advice(store.last_calibration(server)),
         last_probes=tuple(p for p in summary.last if p[0] >= since),
         month=store.serving(server, now - MONTH),
     )
-
-
-def _advice(doc: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The calibration's advice when it has the numbers the page shows (a row edited by hand,
-    or from another version, is shown as none rather than break the page)."""
-    return calibration_advice(doc)
 
 
 @dataclass
