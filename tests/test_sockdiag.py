@@ -230,3 +230,17 @@ def test_each_socket_says_how_much_the_server_sent_on_it_and_when(listener: sock
     assert sent_quiet is not None and sent_quiet < 60_000
     for s in (fed, starved, a, b):
         s.close()
+
+
+def test_a_proc_net_table_of_garbage_gives_no_inode_and_no_crash() -> None:
+    """The tables held_closed reads are the kernel's, but are read within bounds and by
+    column: a line cut short, text where a number is, or binary gives no inode."""
+    from mlx_watchdog.sense.sockdiag import _inodes
+
+    good = b"  sl  local rem st q tr rt uid timeout inode\n   0: a b 01 q t r 0 0 4242 1 x\n"
+    assert _inodes("tcp", good) == {4242}
+    hostile = (
+        b"header\n0: a b\n\xff\xfe\x00 garbage\n1: a b c d e f g h -7\n2: a b c d e f g h x9\n"
+    )
+    assert _inodes("tcp", hostile) == set()
+    assert _inodes("unix", b"Num Ref\n0000: 00000002 0 0 0001 01 777 /run/x\n") == {777}
