@@ -510,7 +510,7 @@ class Daemon:
             return
         try:
             token = ensure_token(self.state_dir / TOKEN_FILE)
-            self.endpoint, _ = start_endpoint(
+            endpoint, _ = start_endpoint(
                 self, settings.listen_host, settings.listen_port, token, settings.open_routes
             )
         except (OSError, UnsafeState) as exc:
@@ -521,10 +521,15 @@ class Daemon:
                 getattr(exc, "strerror", None) or exc,
             )
             return
-        host, port = str(self.endpoint.server_address[0]), self.endpoint.server_address[1]
+        host, port = str(endpoint.server_address[0]), endpoint.server_address[1]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         record = {"pid": os.getpid(), "url": url, "started_at": self.started_at}
-        write_private(self.state_dir / DAEMON_FILE, json.dumps(record))
+        try:
+            write_private(self.state_dir / DAEMON_FILE, json.dumps(record))
+        except OSError as exc:
+            log.error("cannot write %s (%s); the CLI will not find the endpoint", DAEMON_FILE, exc)
+        # Published after the record: whoever sees the endpoint finds the CLI's way to it too.
+        self.endpoint = endpoint
         log.info("endpoint at %s (/healthz, /status, /metrics)", url)
 
     def _settle(self, timeout: float) -> bool:
