@@ -23,7 +23,8 @@ With --real, the servers are two real `mlx_lm.server`s on the tiny model, serial
 `restart.drain = true`: its balancer has another server), and server "a" is wedged the seed's
 way: two long prompts sent to it directly by clients that give up after 1 s; with --through,
 the field's way: the long prompts sent through HAProxy, their clients giving up there (one,
-then two at once), for the agent setup.
+then two at once), for the agent setup; then the `timeout server 5s` mistake, two patient
+clients whose long prompts HAProxy cuts off.
 
 It prints one JSON document and a Markdown table (served, failed, p99 and max wait); nothing is
 asserted. Needs `haproxy` (apt-get install haproxy).
@@ -146,6 +147,11 @@ def main() -> None:
                         "agent", 30, haproxy, work / str(n), model, through=True, prompts=n
                     )
                     rows.append({**row, "setup": f"agent, {n} long prompt(s) through HAProxy"})
+                (work / "cut").mkdir()
+                row = run_real(
+                    "agent", 30, haproxy, work / "cut", model, through=True, timeout_server="5s"
+                )
+                rows.append({**row, "setup": "agent, timeout server 5s, 2 patient long prompts"})
             else:
                 setups = ("agent", "/v1/models")
                 rows = [run_real(setup, 30, haproxy, work, model) for setup in setups]

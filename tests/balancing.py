@@ -161,11 +161,14 @@ def run_real(
     *,
     through: bool = False,
     prompts: int = 2,
+    timeout_server: str | None = None,
 ) -> dict[str, object]:
     """The seed's setup behind HAProxy (configured for `setup`): two real serial servers
     (`model`, `--draft-model`) started and restarted by one watchdog, a client stream, and a
     wedge from two long prompts sent by clients that give up after 1 s: to server "a"
-    directly, or (`through`) through HAProxy, as the field sends them."""
+    directly, or (`through`) through HAProxy, as the field sends them. With `timeout_server`
+    (HAProxy's, a mistake when shorter than the prefill), the clients are patient and the
+    balancer cuts them off."""
     from mlx_watchdog.demo.run import long_prompt, send
     from tests.conftest import ttft
 
@@ -196,7 +199,10 @@ def run_real(
     agent, front = free_port(), free_port()
     daemon = watching(servers, folder / "state", agent, "1s")
     text = haproxy_config(folder, front, list(ports.items()), agent)
-    (folder / "haproxy.cfg").write_text(configured(text, setup))
+    text = configured(text, setup)
+    if timeout_server is not None:
+        text = re.sub(r"timeout server \S+", f"timeout server {timeout_server}", text)
+    (folder / "haproxy.cfg").write_text(text)
     proxy = subprocess.Popen(
         [haproxy, "-db", "-f", str(folder / "haproxy.cfg")],
         stdin=subprocess.DEVNULL,
@@ -219,8 +225,14 @@ def run_real(
         stream = Stream(f"http://127.0.0.1:{front}")
         until(lambda: len(stream.results) >= 10, 30, "the stream")
         to = f"http://127.0.0.1:{front}" if through else a
+        sent_at, patient = time.time(), []
         for seed in (11, 12)[:prompts]:  # the seed's wedge: clients that give up after 1 s
-            send(to, long_prompt(seed, words=words), timeout=1.0)
+            if timeout_server is None:
+                send(to, long_prompt(seed, words=words), timeout=1.0)
+                continue
+            asked = long_prompt(seed, words=words)
+            patient.append(threading.Thread(target=send, args=(to, asked, 120.0)))
+            patient[-1].start()
         store = daemon.daemon.store
 
         def cured() -> bool:
@@ -231,13 +243,24 @@ def run_real(
         ended_at = len(stream.results)
         until(lambda: len(stream.results) >= ended_at + after, 120, "requests after it")
         results = stream.end()
-        how = [i.outcome for i in store.incidents(0.0, None if through else "a")]
+        incidents = store.incidents(0.0, None if through else "a")
+        how = [i.outcome for i in incidents]
+        recover = [i.recover_s for i in incidents]
+        opened = sorted(round(i.opened_at - sent_at, 1) for i in incidents)
+        for t in patient:
+            t.join(150)
     finally:
         proxy.terminate()
         proxy.wait(10)
         daemon.stop()
     row = summary(setup, results)
-    return {**row, "abandoned_prefill_s_each": 20, "incident_outcomes": how}
+    return {
+        **row,
+        "abandoned_prefill_s_each": 20,
+        "incident_outcomes": how,
+        "recover_s": recover,
+        "opened_after_s": opened,
+    }
 
 
 def summary(setup: str, results: list[tuple[object, float]]) -> dict[str, object]:

@@ -75,6 +75,71 @@ def test_the_last_server_in_stays_in_so_requests_queue_instead_of_failing() -> N
     assert turns.take("b", 5.0) == []
 
 
+def test_a_restart_waits_until_the_agent_has_told_the_balancer_its_server_is_out() -> None:
+    """Issue 55: with both servers wedged the agent kept the first in (the last server in
+    stays up) and the watchdog restarted it before HAProxy's next agent check: 33 requests it
+    had queued went to the closed port and got a 503 within 0.25 s. A drain now waits until
+    the agent has told the balancer the server is out, for two of its check intervals at
+    most; where no balancer asks, not at all."""
+    import threading
+
+    from mlx_watchdog.act.rotation import Rotation
+    from mlx_watchdog.serve.agent import start
+
+    clock = [0.0]
+    rotation = Rotation(mono=lambda: clock[0])
+    assert rotation.wait_out("srv-wedged")  # no balancer asks of it: no wait
+    docs = {"now": changed(status_doc(NOW, ("wedged", "wedged")), 1, name="srv-b")}
+    agent = start("127.0.0.1", 0, lambda name: docs["now"], rotation)
+    port = agent.server_address[1]
+
+    def check(name: bytes) -> bytes:
+        before = rotation.said(name.decode())
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(name + b"\n")
+            got = s.recv(4096)
+        if name != b"no-such-server":  # recorded once sent: wait for it
+            asked = before[1] if before else 0
+            until(lambda: (rotation.said(name.decode()) or (0, 0))[1] > asked, 5, "recorded")
+        return got
+
+    def waiting() -> tuple[threading.Thread, list[bool]]:
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(rotation.wait_out("srv-wedged")))
+        waiter.start()
+        return waiter, result
+
+    try:
+        assert check(b"srv-wedged") == b"up ready\n"  # kept in: the last server in
+        clock[0] += 1.0
+        assert check(b"srv-wedged") == b"up ready\n"  # checked every second: waits 2.5 s
+        waiter, result = waiting()
+        waiter.join(0.3)
+        assert waiter.is_alive(), "out before the balancer was told"
+        docs["now"] = changed(docs["now"], 0, draining=True, serving=False)
+        clock[0] += 1.0
+        assert check(b"srv-wedged") == b"drain\n"
+        waiter.join(5)
+        assert result == [True], "the restart still waits after the balancer was told"
+        assert rotation.wait_out("srv-wedged")  # told out already: at once
+        check(b"no-such-server")  # names it does not watch are not kept
+        assert rotation.said("no-such-server") is None
+        # Told in again, and no check comes: the wait ends at its bound, saying not out.
+        docs["now"] = changed(docs["now"], 0, draining=False, serving=True)
+        clock[0] += 1.0
+        assert check(b"srv-wedged") == b"up ready\n"
+        waiter, result = waiting()
+        clock[0] += 2.0
+        waiter.join(0.3)
+        assert waiter.is_alive(), "gave up before two check intervals"
+        clock[0] += 1.0
+        waiter.join(5)
+        assert result == [False]
+    finally:
+        agent.shutdown()
+        agent.server_close()
+
+
 def test_the_agent_reads_what_it_is_sent_within_bounds_and_answers_one_line() -> None:
     """Whatever connects to the agent port: a name line too long, one with control
     characters, or nothing at all; each gets one line, within the read's bound."""
@@ -493,21 +558,45 @@ def test_the_seeds_wedge_behind_haproxy_loses_no_request(
     assert row["incident_outcomes"] == ["restarted"], row
 
 
-def test_a_long_prompt_given_up_at_haproxy_is_seen_and_cured(
-    tmp_path: Path, tiny_model: Path, haproxy: str
+@pytest.mark.parametrize("prompts", [1, 2])
+def test_long_prompts_given_up_at_haproxy_are_seen_and_cured(
+    tmp_path: Path, tiny_model: Path, haproxy: str, prompts: int
 ) -> None:
     """Issue 55: the field sends the long prompts through the balancer, and gives up there;
     HAProxy kept its connection to the server open, and the watchdog saw "1 live client being
     served" for 477 s. With the docs' `option abortonclose`, HAProxy 2.6 resets the server's
     connection when its client leaves: the request vanishes unanswered, and counts as the
     abandoned work it is. No request fails, none waits past the detection, a check and 4 s.
-    (Two such prompts at once can wedge both servers: still open, see docs/endpoint.md.)"""
+    Two such prompts wedge both servers: they restart in turns, the second once the balancer
+    has the first back (its restart and SETTLE_S more), and neither before the agent has told
+    HAProxy it is out (33 requests got a 503 when the first was restarted before)."""
+    from mlx_watchdog.cycle.crew import SETTLE_S
     from tests.balancing import run_real
 
-    row = run_real("agent", 20, haproxy, tmp_path, tiny_model, through=True, prompts=1)
+    row = run_real("agent", 20, haproxy, tmp_path, tiny_model, through=True, prompts=prompts)
     assert row["failed"] == 0, row
-    assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0, row
-    assert row["incident_outcomes"] and all(o for o in row["incident_outcomes"]), row
+    outcomes, recover = row["incident_outcomes"], row["recover_s"]
+    assert isinstance(outcomes, list) and isinstance(recover, list)
+    assert len(outcomes) == prompts and all(o == "restarted" for o in outcomes), row
+    turn = SETTLE_S + float(recover[0] or 0.0) if prompts == 2 else 0.0
+    assert float(str(row["max_wait_s"])) < 4.0 + 1.0 + 4.0 + turn, row
+
+
+def test_a_balancer_timeout_shorter_than_the_prefill_is_a_wedge_in_disguise(
+    tmp_path: Path, tiny_model: Path, haproxy: str
+) -> None:
+    """Issue 55: with `timeout server 5s` (a mistake doctor flags) and patient clients, HAProxy
+    cuts each long prompt off at 5 s and sends the next request in its place; each counted as
+    a live client being served, and both servers were "busy" for ~290 s. A request cut off
+    unanswered is abandoned work, so each server is judged wedged within wedge_after (4 s)
+    and one check of the cut, and cured."""
+    from tests.balancing import run_real
+
+    row = run_real("agent", 10, haproxy, tmp_path, tiny_model, through=True, timeout_server="5s")
+    opened = row["opened_after_s"]
+    assert isinstance(opened, list) and opened, row
+    assert all(o < 5.0 + 4.0 + 1.0 for o in opened), row
+    assert row["incident_outcomes"] and all(o == "restarted" for o in row["incident_outcomes"])
 
 
 @pytest.fixture

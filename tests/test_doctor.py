@@ -43,7 +43,9 @@ def setup(
     return config
 
 
-def litellm(tmp_path: Path, url: str, *, timeout: int, retries: int, fallbacks: str) -> Path:
+def litellm(
+    tmp_path: Path, url: str, *, timeout: int, retries: int, fallbacks: str, cancel: bool = True
+) -> Path:
     path = tmp_path / "litellm.yaml"
     path.write_text(
         f"""model_list:
@@ -56,6 +58,7 @@ def litellm(tmp_path: Path, url: str, *, timeout: int, retries: int, fallbacks: 
 router_settings:
   num_retries: {retries}
   fallbacks: {fallbacks}
+general_settings: {{cancel_on_disconnect: {str(cancel).lower()}}}
 """
     )
     return path
@@ -91,6 +94,7 @@ def test_a_good_setup_has_no_problems(batched_server: Running, tmp_path: Path) -
     assert 'litellm: "qwen-mac1" (' in ok and "outlasts the prefill" in ok
     warnings = "\n".join(by_level(findings, "warning"))
     assert "not installed as a" in warnings and "watchdog: the watchdog is not running" in warnings
+    assert "cancel_on_disconnect" not in warnings
     assert exit_code(findings) == 1
 
 
@@ -103,6 +107,7 @@ def test_a_bad_setup_is_explained_with_fixes(serial_server: Running, tmp_path: P
         timeout=60,
         retries=2,
         fallbacks='[{"qwen-mac1": ["qwen-mac1-again", "qwen-mac2"]}]',
+        cancel=False,
     )
     findings = doctor(config, tmp_path, ll)
     problems = "\n".join(by_level(findings, "problem"))
@@ -116,6 +121,7 @@ def test_a_bad_setup_is_explained_with_fixes(serial_server: Running, tmp_path: P
     )
     warnings = "\n".join(by_level(findings, "warning"))
     assert "serves one request at a time" in warnings and "num_retries = 2" in warnings
+    assert "no general_settings.cancel_on_disconnect: a client that gives up at" in warnings
     assert all(f.fix for f in findings if f.level == "problem")
     assert exit_code(findings) == 2
 
@@ -135,6 +141,26 @@ def test_malformed_litellm_yaml_is_a_clear_problem(tmp_path: Path) -> None:
     config = setup(tmp_path, "http://127.0.0.1:1", calibrated=False)
     (finding,) = [f for f in doctor(config, tmp_path, bad) if f.what == "litellm"]
     assert finding.level == "problem" and "not valid YAML at line 4" in finding.detail
+
+
+def test_the_docs_litellm_config_ends_a_departed_clients_request_and_a_fifo_is_no_config(
+    tmp_path: Path,
+) -> None:
+    """Issue 55: LiteLLM 1.110.2's proxy kept its upstream connection open for a whole 34 s
+    prefill after its client left at 1 s; with `general_settings.cancel_on_disconnect: true`
+    the server's side was in CLOSE_WAIT within 50 ms (docs/endpoint.md). The docs' file sets
+    it, so doctor reads it there; a FIFO named as the file is refused, not waited on."""
+    from tests.balancing import docs_block
+
+    path = tmp_path / "litellm.yaml"
+    path.write_text(docs_block("yaml"))
+    assert load(path).cancel_on_disconnect
+    path.write_text(docs_block("yaml").replace("cancel_on_disconnect: true", "x: 1"))
+    assert not load(path).cancel_on_disconnect
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(LiteLLMConfigError, match=r"fifo\.yaml: cannot read"):
+        load(fifo)
 
 
 def test_litellm_shapes_that_are_not_a_config(tmp_path: Path) -> None:

@@ -54,6 +54,8 @@ class Drain:
     begin: Callable[[], None]
     end: Callable[[], None]
     wait: bool = True
+    # Until the balancer has taken the server out (act/rotation.py); False: it was not told.
+    out: Callable[[], bool] = lambda: True
 
 
 class Ladder:
@@ -101,6 +103,8 @@ class Ladder:
         (the server and its other models stay); where that fails, the server is restarted."""
         if drain is not None:
             drain.begin()
+            if not drain.out():
+                log.warning("%s: the balancer's agent check has not taken it out", server.name)
             if self._wait_drained(server, manager, checker, wait=drain.wait):
                 drain.end()  # it served again meanwhile: a restart would only cost
                 return Climb(Outcome(True, "it served again during the drain"), "served", None)

@@ -427,10 +427,18 @@ def litellm_findings(path: Path, config: Config, advice: dict[str, Advice]) -> I
         return
     n = len(cfg.deployments)
     yield Finding("ok", "litellm", f"{path}: {n} deployment{'s' if n != 1 else ''}")
-    for d in cfg.deployments:
-        server = _served_by(d.api_base, config)
-        if server is None:
-            continue
+    watched = [(d, s) for d in cfg.deployments if (s := _served_by(d.api_base, config))]
+    if watched and not cfg.cancel_on_disconnect:
+        yield Finding(
+            "warning",
+            "litellm",
+            "no general_settings.cancel_on_disconnect: a client that gives up at LiteLLM's "
+            "proxy leaves its request on the server, whose connection stays open to the end "
+            "of the prefill, so the server (and the watchdog) sees a live client being served "
+            "while it computes for nobody",
+            "general_settings: {cancel_on_disconnect: true}",
+        )
+    for d, server in watched:
         need = advice.get(server.name)
         timeout = d.timeout or cfg.router_timeout or LITELLM_DEFAULT_TIMEOUT
         stream = d.stream_timeout or timeout

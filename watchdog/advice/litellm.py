@@ -10,6 +10,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from mlx_watchdog.advice.balancer import MAX_BALANCER_CONFIG
+from mlx_watchdog.sense.files import open_regular
+
 
 class LiteLLMConfigError(Exception):
     """The file cannot be read as a LiteLLM config; the message says where and why."""
@@ -44,6 +47,9 @@ class LiteLLMConfig:
     fallbacks: tuple[tuple[str, tuple[str, ...]], ...]
     num_retries: int | None
     router_timeout: float | None
+    # general_settings.cancel_on_disconnect: the proxy ends its upstream request when its client
+    # leaves (off by default; without it the server's connection stays open to the end).
+    cancel_on_disconnect: bool = False
 
     def group(self, name: str) -> list[Deployment]:
         return [d for d in self.deployments if d.group == name]
@@ -51,9 +57,10 @@ class LiteLLMConfig:
 
 def load(path: Path) -> LiteLLMConfig:
     try:
-        doc = yaml.safe_load(path.read_text())
+        with open_regular(path) as f:  # a FIFO or a device is no config: never waited on
+            doc = yaml.safe_load(f.read(MAX_BALANCER_CONFIG).decode("utf-8", "replace"))
     except OSError as exc:
-        raise LiteLLMConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        raise LiteLLMConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)
@@ -90,6 +97,7 @@ def load(path: Path) -> LiteLLMConfig:
         for src, dsts in _mapping(item).items():
             targets = dsts if isinstance(dsts, list) else [dsts]
             fallbacks.append((str(src), tuple(str(t) for t in targets)))
+    general = _mapping(doc.get("general_settings"))
     retries = router.get("num_retries", settings.get("num_retries"))
     timeout = router.get("timeout", settings.get("request_timeout"))
     return LiteLLMConfig(
@@ -98,6 +106,7 @@ def load(path: Path) -> LiteLLMConfig:
         fallbacks=tuple(fallbacks),
         num_retries=int(retries) if isinstance(retries, (int, float)) else None,
         router_timeout=_seconds(timeout, "router timeout", path),
+        cancel_on_disconnect=general.get("cancel_on_disconnect") is True,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from mlx_watchdog.act.cancel import Cancelled, cancel_abandoned
 from mlx_watchdog.act.ladder import Ladder
+from mlx_watchdog.act.rotation import Rotation
 from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.judge.verdict import Verdict
 from mlx_watchdog.record.alerts import Alerter
@@ -124,3 +125,4 @@ class Crew:
     machine: Callable[[], Machine | None] = read_machine
     residents: Callable[[], list[tuple[str, int]]] = list
     turns: Turns = field(default_factory=Turns)
+    rotation: Rotation = field(default_factory=Rotation)

@@ -58,11 +58,14 @@ class Attempt:
             c.server,
             c.manager,
             c.checker,
-            drain=Drain(c.drain, c.undrain, wait=not behind) if drains else None,
+            drain=Drain(c.drain, c.undrain, not behind, self._out) if drains else None,
             begin=self._begin,
             settle=settle_for(v, freed, c.crew.machine, system, c.mono),
             unload=unloader_for(v, c.server, self.pid, system, c.mono),
         )
+
+    def _out(self) -> bool:
+        return self.cycle.crew.rotation.wait_out(self.cycle.server.name)
 
     def _begin(self) -> None:
         """Recorded before the manager acts (after the drain)."""

@@ -497,7 +497,7 @@ class Daemon:
         if where is None:
             return
         try:
-            self.agent = start_agent(where[0], where[1], self.status)
+            self.agent = start_agent(where[0], where[1], self.status, self.crew.rotation)
         except OSError as exc:
             log.error("cannot serve the agent check on %s:%s (%s)", *where, exc)
             return

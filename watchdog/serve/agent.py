@@ -12,7 +12,6 @@ every answer says both words.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import socketserver
@@ -21,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mlx_watchdog.act.rotation import Rotation
 from mlx_watchdog.cycle.crew import SETTLE_S
 from mlx_watchdog.record.document import ServerStatus, Status
 from mlx_watchdog.sense.text import printable
@@ -89,12 +89,19 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         name = _read_name(sock, time.monotonic() + NAME_WAIT)
         try:
-            line = answer(self.server.status(None), name, time.time())
+            doc = self.server.status(None)
+            line = answer(doc, name, time.time())
         except Exception:  # the daemon's status failing must not leave HAProxy hanging
             log.exception("the agent check could not read the status")
-            line = "down #the watchdog cannot read its status"
-        with contextlib.suppress(OSError):  # HAProxy gave up: its next check asks again
+            line, doc = "down #the watchdog cannot read its status", None
+        try:
             sock.sendall(line.encode() + b"\n")
+        except OSError:
+            return  # HAProxy gave up: its next check asks again
+        known = [s.name for s in doc.servers] if doc is not None else []
+        whom = name or (known[0] if len(known) == 1 else None)
+        if whom in known:
+            self.server.rotation.told(whom, line == UP)
 
 
 def _read_name(sock: socket.socket, deadline: float) -> str:
@@ -120,8 +127,13 @@ class _Agent(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = BACKLOG
 
-    def __init__(self, address: tuple[str, int], status: Callable[[str | None], Status]) -> None:
-        self.status = status
+    def __init__(
+        self,
+        address: tuple[str, int],
+        status: Callable[[str | None], Status],
+        rotation: Rotation,
+    ) -> None:
+        self.status, self.rotation = status, rotation
         self.open = threading.BoundedSemaphore(MAX_OPEN)
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
@@ -143,9 +155,15 @@ class _Agent(socketserver.ThreadingTCPServer):
         log.debug("agent check from %s failed", client_address, exc_info=True)
 
 
-def start(host: str, port: int, status: Callable[[str | None], Status]) -> _Agent:
+def start(
+    host: str,
+    port: int,
+    status: Callable[[str | None], Status],
+    rotation: Rotation | None = None,
+) -> _Agent:
     """Serve the agent check on (host, port) in a thread; `status(name)` gives that server's
-    document (every server's for None). `shutdown()` and `server_close()` end it."""
-    agent = _Agent((host, port), status)
+    document (every server's for None); what it tells the balancer goes to `rotation`.
+    `shutdown()` and `server_close()` end it."""
+    agent = _Agent((host, port), status, rotation or Rotation())
     threading.Thread(target=agent.serve_forever, name="agent", daemon=True).start()
     return agent
