@@ -116,6 +116,11 @@ def k8s_liveness(box: Box, k: float) -> Polling:
     return Polling("k8s-liveness", box, 10 / k, 1 / k, 3, "generate")
 
 
+def k8s_health(box: Box, k: float) -> Polling:
+    # Kubernetes' liveness defaults on the server's /health: period 10 s, timeout 1 s, 3 failures.
+    return Polling("k8s-health", box, 10 / k, 1 / k, 3, "health")
+
+
 class TimeoutBusy(Loop):
     """A generation probe with a long timeout; a timeout counts as "busy", not dead, and only
     15 minutes of busy in a row lead to a restart (the careful shell watchdogs for MLX)."""
@@ -152,8 +157,8 @@ class BoxManager:
     kind = "command"
     spawned = False  # the Box runs the server: its start is not the daemon's to time
 
-    def __init__(self, box: Box) -> None:
-        self.box = box
+    def __init__(self, box: Box, by: str = "mlx-watchdog") -> None:
+        self.box, self.by = box, by
 
     def pid(self) -> int | None:
         return self.box.pid()
@@ -174,7 +179,7 @@ class BoxManager:
         from mlx_watchdog.act.managers import Outcome
 
         before = self.box.pid()
-        self.box.restart("mlx-watchdog")
+        self.box.restart(self.by)
         return Outcome(True, f"replaced PID {before} with {self.box.pid()}")
 
     def stop_then_start(self, between: object) -> None:
@@ -190,6 +195,7 @@ class MlxWatchdog:
     state_dir: str
     name: str = "mlx-watchdog"
     match: str = "mlx_lm"
+    least_cost: bool = True  # false: every wedge restarted (the "restart-always" row)
     detected_at: float | None = None
     own_abandoned: int = 0
     daemon: object = None
@@ -225,6 +231,7 @@ class MlxWatchdog:
                             "window": f"{r.window / k}s",
                             "backoff": f"{r.backoff / k}s",
                             "max_restarts": r.max_restarts,
+                            "least_cost": self.least_cost,
                         },
                     }
                 ],
@@ -232,7 +239,7 @@ class MlxWatchdog:
         )
         daemon = Daemon(config).open()
         watch = daemon.cycles["bench"]
-        watch.manager = BoxManager(self.box)  # type: ignore[assignment]
+        watch.manager = BoxManager(self.box, self.name)  # type: ignore[assignment]
         original = watch.emit
 
         def emit(kind: str, message: str, **data: object) -> None:
@@ -262,15 +269,129 @@ class MlxWatchdog:
             raise RuntimeError(f"the watchdog under test failed: {self._failed!r}")
 
 
-def make(name: str, box: Box, k: float, state_dir: str) -> Watcher:
-    if name == "mlx-watchdog":
-        return MlxWatchdog(box, k, state_dir)
+class Traffic(Protocol):
+    """What a watcher inside the serving path sees of the clients' requests."""
+
+    last_byte_at: float  # when any client last got a byte of an answer (wall time)
+    active: int  # client requests in flight
+
+
+class Nobody(Loop):
+    """No watcher: what the traffic does to the server alone."""
+
+    name = "none"
+
+    def _loop(self) -> None:
+        self._stop.wait()
+
+
+class GPUStack(Loop):
+    """GPUStack's check: a real 1-token request every 300 s (15 s timeout), skipped when
+    requests were served within the period; 3 failures in a row restart."""
+
+    name = "gpustack"
+
+    def __init__(self, box: Box, k: float, traffic: Traffic) -> None:
+        super().__init__()
+        self.box, self.k, self.traffic = box, k, traffic
+        self.longest_wait = 15 / k
+
+    def _loop(self) -> None:
+        period, failures = 300 / self.k, 0
+        while not self._stop.wait(period):
+            if time.time() - self.traffic.last_byte_at < period:
+                failures = 0
+                continue
+            try:
+                r = httpx.post(
+                    self.box.url + "/v1/chat/completions", json=TINY, timeout=15 / self.k
+                )
+                failures = 0 if r.status_code == 200 else failures + 1
+            except httpx.TimeoutException:
+                self.own_abandoned += 1
+                failures += 1
+            except httpx.HTTPError:
+                failures += 1
+            if failures >= 3:
+                self._restart()
+                failures = 0
+
+
+class Lemonade(Loop):
+    """lemonade's rule: while a request is active and no chunk came for 90 s, /health every
+    5 s; 3 failures in a row restart."""
+
+    name = "lemonade"
+
+    def __init__(self, box: Box, k: float, traffic: Traffic) -> None:
+        super().__init__()
+        self.box, self.k, self.traffic = box, k, traffic
+        self.longest_wait = 5 / k
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.wait(5 / self.k):
+            quiet = time.time() - self.traffic.last_byte_at
+            if not self.traffic.active or quiet < 90 / self.k:
+                failures = 0
+                continue
+            try:
+                ok = httpx.get(self.box.url + "/health", timeout=5 / self.k).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            failures = 0 if ok else failures + 1
+            if failures >= 3:
+                self._restart()
+                failures = 0
+
+
+class SGLang(Loop):
+    """SGLang's /health_generate rule: healthy when any output came within 20 s; otherwise
+    a 1-token request must answer within 20 s. Polled each second."""
+
+    name = "sglang"
+
+    def __init__(self, box: Box, k: float, traffic: Traffic) -> None:
+        super().__init__()
+        self.box, self.k, self.traffic = box, k, traffic
+        self.longest_wait = 20 / k
+
+    def _loop(self) -> None:
+        window = 20 / self.k
+        while not self._stop.wait(1 / self.k):
+            if time.time() - self.traffic.last_byte_at < window:
+                continue
+            try:
+                r = httpx.post(self.box.url + "/v1/chat/completions", json=TINY, timeout=window)
+                ok = r.status_code == 200
+            except httpx.TimeoutException:
+                self.own_abandoned += 1
+                ok = False
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                self.traffic.last_byte_at = max(self.traffic.last_byte_at, time.time())
+            else:
+                self._restart()
+
+
+def make(name: str, box: Box, k: float, state_dir: str, traffic: Traffic | None = None) -> Watcher:
+    if name in ("mlx-watchdog", "restart-always"):
+        return MlxWatchdog(box, k, state_dir, name=name, least_cost=name == "mlx-watchdog")
     if name == "timeout-busy":
         return TimeoutBusy(box, k)
+    if name == "none":
+        return Nobody()
+    if name in ("gpustack", "lemonade", "sglang"):
+        if traffic is None:
+            raise ValueError(f"{name} watches the traffic: give it one")
+        kind = {"gpustack": GPUStack, "lemonade": Lemonade, "sglang": SGLang}[name]
+        return kind(box, k, traffic)
     return {
         "models-probe": models_probe,
         "health-probe": health_probe,
         "k8s-liveness": k8s_liveness,
+        "k8s-health": k8s_health,
     }[name](box, k)
 
 
