@@ -33,8 +33,10 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,8 +49,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from bench.harness import Box, free_port
-from bench.trace import BLOCK, Request, one_mac, read, session, sliced, write_derived
+from bench.harness import TINY, Box, free_port
+from bench.trace import (
+    BLOCK,
+    Request,
+    derived,
+    one_mac,
+    read,
+    session,
+    sliced,
+    write_derived,
+)
 from bench.watchers import make
 from mlx_watchdog.demo.run import server_command
 
@@ -93,6 +104,8 @@ class Attempt:
     ok: bool = False
     gave_up: bool = False
     tokens: int = 0
+    ended: float = 0.0  # when its client stopped waiting, served or not
+    deadline: float = 0.0  # s here
 
 
 @dataclass
@@ -176,7 +189,7 @@ def clients_for(requests: list[Request], scale: Scale, seed: int) -> list[Client
 
 
 def one(url: str, c: Client, traffic: Traffic) -> Attempt:
-    a = Attempt(time.time())
+    a = Attempt(time.time(), deadline=c.deadline)
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": c.prompt}],
         "max_tokens": c.answer,
@@ -229,6 +242,7 @@ def run_client(url: str, c: Client, traffic: Traffic) -> None:
     try:
         for _ in range(1 + (RESENDS if c.agent else 0)):  # an agent resends what failed
             a = one(url, c, traffic)
+            a.ended = time.time()
             c.attempts.append(a)
             if a.ok:
                 return
@@ -242,6 +256,21 @@ class Fault:
     kind: str
     at: float  # s here, from the replay's start
     began: float | None = None  # wall time it was made
+    cured: float | None = None  # wall time a tiny request was first answered after it
+
+
+def await_cure(f: Fault, box: Box, until: float) -> None:
+    """One tiny request at a time after the fault, as a patient user sends it, until one is
+    answered: the cure's time (one request in the queue perturbs the day by one request)."""
+    while time.time() < until and not box.closed:
+        try:
+            r = httpx.post(box.url + "/v1/chat/completions", json=TINY, timeout=until - time.time())
+            if r.status_code == 200:
+                f.cured = time.time()
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
 
 
 def faults_for(span: float, serial: bool, seed: int) -> list[Fault]:
@@ -257,11 +286,16 @@ def faults_for(span: float, serial: bool, seed: int) -> list[Fault]:
 def inject(f: Fault, box: Box, k: float) -> None:
     f.began = time.time()
     proc = box.proc
-    if proc is None or proc.poll() is not None:
-        return
-    if f.kind == "kill":
+    if proc is not None and proc.poll() is None:
+        _make(f.kind, box, proc, k)
+    args = (f, box, f.began + 1800 / k)
+    threading.Thread(target=await_cure, args=args, daemon=True).start()
+
+
+def _make(kind: str, box: Box, proc: subprocess.Popen[bytes], k: float) -> None:
+    if kind == "kill":
         box.kill()
-    elif f.kind == "sigstop":
+    elif kind == "sigstop":
         os.killpg(proc.pid, signal.SIGSTOP)
 
         def resume() -> None:
@@ -269,7 +303,7 @@ def inject(f: Fault, box: Box, k: float) -> None:
                 os.killpg(proc.pid, signal.SIGCONT)
 
         threading.Timer(30.0 / k, resume).start()
-    elif f.kind == "thread":  # mlx-lm 0.32's batched server: its generation thread dies
+    elif kind == "thread":  # mlx-lm 0.32's batched server: its generation thread dies
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": [["x"]]}
         with contextlib.suppress(httpx.HTTPError):
             httpx.post(box.url + "/v1/chat/completions", json=body, timeout=10)
@@ -303,7 +337,7 @@ def replay(
         w.stop()
         box.close()
     restarts = [at for at, by in box.restarts if by == watcher]
-    return score(watcher, clients, restarts, planned, scale, t0)
+    return score(watcher, clients, restarts, planned, scale, t0, prefills(box.log))
 
 
 def _play(
@@ -351,6 +385,7 @@ def score(
     planned: list[Fault],
     scale: Scale,
     t0: float,
+    steps: list[tuple[float, int, int]],
 ) -> dict[str, Any]:
     k = scale.k
     attempts = [a for c in clients for a in c.attempts]
@@ -361,12 +396,10 @@ def score(
         for a in c.attempts
         if a.ok
     )
-    answered = sorted(a.first_byte for a in attempts if a.first_byte is not None)
-    false = sum(1 for t in restarts if any(t - 30 / k <= b <= t for b in answered))
-    cures = {}
-    for f in planned:
-        after = [a.done for a in attempts if a.ok and a.done and f.began and a.done > f.began]
-        cures[f.kind] = round((min(after) - f.began) * k, 1) if after and f.began else None
+    false = sum(1 for t in restarts if was_serving(t, attempts, steps, scale))
+    cures = {
+        f.kind: round((f.cured - f.began) * k, 1) if f.cured and f.began else None for f in planned
+    }
     return {
         "watcher": watcher,
         "per_minute": per_minute(clients, restarts, planned, k, t0),
@@ -382,6 +415,42 @@ def score(
         "false_restarts": false,
         "cure_s": cures,
     }
+
+
+PROGRESS = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - INFO - Prompt processing progress: (\d+)/(\d+)"
+)
+
+
+def prefills(log: Path) -> list[tuple[float, int, int]]:
+    """The server's own prefill steps (wall time, done, of), from its log."""
+    steps = []
+    with log.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = PROGRESS.match(line)
+            if m:
+                at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+                steps.append((at + int(m.group(2)) / 1000, int(m.group(3)), int(m.group(4))))
+    return steps
+
+
+def was_serving(
+    t: float, attempts: list[Attempt], steps: list[tuple[float, int, int]], scale: Scale
+) -> bool:
+    """A restart at `t` was false when answers were flowing (a client got a byte within the
+    last 30 s), or when the server's log shows a prefill under way that would have ended
+    within the deadline of a client still waiting."""
+    if any(a.first_byte is not None and t - 30 / scale.k <= a.first_byte <= t for a in attempts):
+        return True
+    last = next((s for s in reversed(steps) if s[0] <= t), None)
+    if last is None or last[1] >= last[2]:
+        return False
+    at, done, of = last
+    step = 2048 / scale.rate_here  # mlx-lm logs a line every 2,048 tokens
+    if t - at > 2 * step + 1.0:
+        return False  # no step for two of them: not known to be working
+    ends = t + (of - done) / scale.rate_here - (t - at)
+    return any(a.sent <= t < a.ended and not a.ok and a.sent + a.deadline >= ends for a in attempts)
 
 
 def per_minute(
@@ -516,6 +585,9 @@ def main() -> None:
     if kinds is None:
         raise SystemExit(f"--servers {args.servers!r}: serial, batched or both")
     requests = sliced(read(args.trace), args.start, args.minutes)
+    if not derived(args.trace):  # a service's traffic: one Mac's share of its conversations
+        requests, share = one_mac(requests, load=LOAD, mac_rate=args.mac_rate, seed=args.seed)
+        print(f"{args.trace.name}: {share:.4%} of its conversations kept for one Mac")
     from mlx_watchdog.demo.tinymodel import build_model
 
     results: dict[str, Any] = {"trace": str(args.trace.name), "seed": args.seed, "runs": []}

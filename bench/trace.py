@@ -75,6 +75,13 @@ def _csv(path: Path, lines: list[str]) -> Iterator[Request]:
             raise TraceError(f"{path}: line {n}: {exc}") from None
 
 
+def derived(path: Path) -> bool:
+    """A file already one Mac's share (this project's derived format)."""
+    with path.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip() and not line.startswith("#")), "")
+    return first.startswith("at_s,")
+
+
 def sliced(requests: Iterable[Request], start_min: float, minutes: float) -> list[Request]:
     """The requests of [start, start + minutes), their times from the slice's start."""
     begin, end = start_min * 60.0, (start_min + minutes) * 60.0
