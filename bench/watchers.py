@@ -7,6 +7,7 @@ own that it gave up on while the server was still working on them: abandoned req
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -118,7 +119,8 @@ def k8s_liveness(box: Box, k: float) -> Polling:
 
 def k8s_health(box: Box, k: float) -> Polling:
     # Kubernetes' liveness defaults on the server's /health: period 10 s, timeout 1 s, 3 failures.
-    return Polling("k8s-health", box, 10 / k, 1 / k, 3, "health")
+    # The timeout is the route's latency, not a prefill's: not divided below 1 s.
+    return Polling("k8s-health", box, 10 / k, 1.0, 3, "health")
 
 
 class TimeoutBusy(Loop):
@@ -371,8 +373,15 @@ class SGLang(Loop):
                 ok = False
             if ok:
                 self.traffic.last_byte_at = max(self.traffic.last_byte_at, time.time())
-            else:
-                self._restart()
+                continue
+            self._restart()
+            # Its orchestrator waits for the new server to start before it probes again.
+            started = time.time()
+            while time.time() - started < 120 / self.k and not self._stop.wait(0.2):
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(self.box.url + "/health", timeout=1.0).status_code == 200:
+                        break
+            self.traffic.last_byte_at = time.time()
 
 
 def make(name: str, box: Box, k: float, state_dir: str, traffic: Traffic | None = None) -> Watcher:
