@@ -18,6 +18,9 @@ POLL_S = 0.05
 
 
 class Rotation:
+    """Owns what the agent check told the balancer last, per server, and when it asks; a
+    drain reads it to wait until its server is out."""
+
     def __init__(self, mono: Callable[[], float] = time.monotonic) -> None:
         self._mono = mono
         self._changed = threading.Condition()
