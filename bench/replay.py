@@ -62,7 +62,7 @@ from bench.trace import (
     write_derived,
 )
 from bench.watchers import make
-from mlx_watchdog.demo.run import server_command
+from mlx_watchdog.demo.run import long_prompt, server_command
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = HERE / "traces" / "mooncake_conversation_one_mac.csv"
@@ -80,7 +80,6 @@ WATCHERS = (
     "lemonade",
     "sglang",
 )
-_VOCAB = [f"{a}{b}" for a in "bcdfghjklmnprstvwz" for b in ("ar", "en", "ix", "or", "um")]
 
 
 @dataclass(frozen=True)
@@ -144,21 +143,18 @@ def text_for(req: Request, index: int, scale: Scale) -> str:
     per_block = max(1, round(BLOCK * scale.size * scale.words_per_token))
     out: list[str] = []
     for block in req.blocks or (-1 - index,):
-        rng = random.Random(block)
-        out.extend(rng.choice(_VOCAB) + str(rng.randrange(100)) for _ in range(per_block))
+        out.extend(long_prompt(block, per_block).split())
         if len(out) >= words:
             break
-    rng = random.Random(10**9 + index)
-    while len(out) < words:
-        out.append(rng.choice(_VOCAB) + str(rng.randrange(100)))
+    if len(out) < words:
+        out.extend(long_prompt(10**9 + index, words - len(out)).split())
     return " ".join(out[:words])
 
 
 def measure(url: str) -> tuple[float, float]:
     """(prefill tokens a second, words a token) of the server, from one long prompt."""
     words = 1500
-    rng = random.Random(7)
-    prompt = " ".join(rng.choice(_VOCAB) + str(rng.randrange(100)) for _ in range(words))
+    prompt = long_prompt(7, words)
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
     began = time.monotonic()
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)

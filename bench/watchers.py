@@ -287,16 +287,23 @@ class Nobody(Loop):
         self._stop.wait()
 
 
-class GPUStack(Loop):
-    """GPUStack's check: a real 1-token request every 300 s (15 s timeout), skipped when
-    requests were served within the period; 3 failures in a row restart."""
+class Watching(Loop):
+    """A watcher in the serving path: it sees the clients' traffic."""
 
-    name = "gpustack"
+    longest = 0.0  # s on the Mac: its longest request
 
     def __init__(self, box: Box, k: float, traffic: Traffic) -> None:
         super().__init__()
         self.box, self.k, self.traffic = box, k, traffic
-        self.longest_wait = 15 / k
+        self.longest_wait = self.longest / k
+
+
+class GPUStack(Watching):
+    """GPUStack's check: a real 1-token request every 300 s (15 s timeout), skipped when
+    requests were served within the period; 3 failures in a row restart."""
+
+    name = "gpustack"
+    longest = 15.0
 
     def _loop(self) -> None:
         period, failures = 300 / self.k, 0
@@ -319,16 +326,12 @@ class GPUStack(Loop):
                 failures = 0
 
 
-class Lemonade(Loop):
+class Lemonade(Watching):
     """lemonade's rule: while a request is active and no chunk came for 90 s, /health every
     5 s; 3 failures in a row restart."""
 
     name = "lemonade"
-
-    def __init__(self, box: Box, k: float, traffic: Traffic) -> None:
-        super().__init__()
-        self.box, self.k, self.traffic = box, k, traffic
-        self.longest_wait = 5 / k
+    longest = 5.0
 
     def _loop(self) -> None:
         failures = 0
@@ -347,16 +350,12 @@ class Lemonade(Loop):
                 failures = 0
 
 
-class SGLang(Loop):
+class SGLang(Watching):
     """SGLang's /health_generate rule: healthy when any output came within 20 s; otherwise
     a 1-token request must answer within 20 s. Polled each second."""
 
     name = "sglang"
-
-    def __init__(self, box: Box, k: float, traffic: Traffic) -> None:
-        super().__init__()
-        self.box, self.k, self.traffic = box, k, traffic
-        self.longest_wait = 20 / k
+    longest = 20.0
 
     def _loop(self) -> None:
         window = 20 / self.k
@@ -394,7 +393,7 @@ def make(name: str, box: Box, k: float, state_dir: str, traffic: Traffic | None 
     if name in ("gpustack", "lemonade", "sglang"):
         if traffic is None:
             raise ValueError(f"{name} watches the traffic: give it one")
-        kind = {"gpustack": GPUStack, "lemonade": Lemonade, "sglang": SGLang}[name]
+        kind: type[Watching] = {"gpustack": GPUStack, "lemonade": Lemonade, "sglang": SGLang}[name]
         return kind(box, k, traffic)
     return {
         "models-probe": models_probe,
