@@ -17,8 +17,9 @@ agent's.
 
 Clients: each request's deadline is drawn from the published ones (120, 300, 600, 1,200 s);
 the turns of a conversation are an agent's, which resends the same prompt up to twice when it
-gives up; half the clients stream. Faults at seeded moments on top (a SIGSTOP of 30 s, a kill,
-and on the batched server a dead generation thread). All seeded: the same seed, the same day.
+gives up; half the clients stream. Faults at seeded moments on top (a SIGSTOP of 30 s, a
+GPU-style hang (bench/hang.py), a kill, and on the batched server a dead generation thread).
+All seeded: the same seed, the same day.
 
 Scores (Mac seconds and minutes): served, failed (deadline passed or error), resent, tokens,
 ttft_p50_s, ttft_p99_s, outage_min (minutes in which requests waited and none was served),
@@ -50,10 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from bench.hang import Hang, busiest_thread
 from bench.harness import TINY, Box, free_port
 from bench.trace import (
     BLOCK,
     Request,
+    TraceError,
     derived,
     one_mac,
     read,
@@ -271,12 +274,13 @@ def await_cure(f: Fault, box: Box, until: float) -> None:
 
 
 def faults_for(span: float, serial: bool, seed: int) -> list[Fault]:
-    """Apart, so that each one's cure is its own: at about a quarter, a half and three
-    quarters of the replay."""
+    """Apart, so that each one's cure is its own: evenly over the replay, each moved by up to
+    4 % of it."""
     rng = random.Random(seed + 1)
-    kinds = ["sigstop", "kill"] + ([] if serial else ["thread"])
+    kinds = ["sigstop", "gpu", "kill"] + ([] if serial else ["thread"])
+    n = len(kinds) + 1
     return [
-        Fault(kind, span * ((i + 1) / 4 + rng.uniform(-0.05, 0.05))) for i, kind in enumerate(kinds)
+        Fault(kind, span * ((i + 1) / n + rng.uniform(-0.04, 0.04))) for i, kind in enumerate(kinds)
     ]
 
 
@@ -300,6 +304,10 @@ def _make(kind: str, box: Box, proc: subprocess.Popen[bytes], k: float) -> None:
                 os.killpg(proc.pid, signal.SIGCONT)
 
         threading.Timer(30.0 / k, resume).start()
+    elif kind == "gpu":  # the arithmetic thread held: no token ever, the process idle
+        tid = busiest_thread(proc.pid)
+        if tid is None or not Hang(tid).start():
+            print(f"gpu hang: could not hold a thread of PID {proc.pid}", file=sys.stderr)
     elif kind == "thread":  # mlx-lm 0.32's batched server: its generation thread dies
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": [["x"]]}
         with contextlib.suppress(httpx.HTTPError):
@@ -396,7 +404,8 @@ def score(
     false = sum(
         1
         for t in restarts
-        if was_serving(t, attempts, steps, scale) or asleep(t, attempts, planned, k)
+        if (was_serving(t, attempts, steps, scale) or asleep(t, attempts, planned, k))
+        and not hung(t, planned, restarts)
     )
     cures = {
         f.kind: round((f.cured - f.began) * k, 1) if f.cured and f.began else None for f in planned
@@ -464,6 +473,18 @@ def asleep(t: float, attempts: list[Attempt], planned: list[Fault], k: float) ->
         if any(a.sent <= t < a.ended and a.sent + a.deadline >= wakes for a in attempts):
             return True
     return False
+
+
+def hung(t: float, planned: list[Fault], restarts: list[float]) -> bool:
+    """A restart at `t` of a server whose arithmetic was held (a GPU-style hang): it would
+    never have answered again, whatever it was doing a moment before."""
+    return any(
+        f.kind == "gpu"
+        and f.began is not None
+        and f.began <= t
+        and not any(f.began <= r < t for r in restarts)
+        for f in planned
+    )
 
 
 def per_minute(
@@ -597,7 +618,10 @@ def main() -> None:
     kinds = {"serial": [True], "batched": [False], "both": [True, False]}.get(args.servers)
     if kinds is None:
         raise SystemExit(f"--servers {args.servers!r}: serial, batched or both")
-    requests = sliced(read(args.trace), args.start, args.minutes)
+    try:
+        requests = sliced(read(args.trace), args.start, args.minutes)
+    except (OSError, TraceError) as exc:
+        raise SystemExit(f"--trace: {exc}") from None
     if not derived(args.trace):  # a service's traffic: one Mac's share of its conversations
         requests, share = one_mac(requests, load=LOAD, mac_rate=args.mac_rate, seed=args.seed)
         print(f"{args.trace.name}: {share:.4%} of its conversations kept for one Mac")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,8 +33,11 @@ def read(path: Path) -> list[Request]:
     """Splitwise's CSV (arrived_at, num_prefill_tokens, num_decode_tokens), Mooncake's JSONL
     (timestamp ms, input_length, output_length, hash_ids), or the derived CSV (at_s, prompt,
     output, blocks; `#` lines say where it came from)."""
-    with path.open(encoding="utf-8") as f:
-        lines = [line for line in f if line.strip() and not line.startswith("#")]
+    try:
+        with path.open(encoding="utf-8") as f:
+            lines = [line for line in f if line.strip() and not line.startswith("#")]
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if not lines:
         raise TraceError(f"{path}: no requests")
     if lines[0].lstrip().startswith("{"):
@@ -41,43 +45,57 @@ def read(path: Path) -> list[Request]:
     return sorted(_csv(path, lines), key=lambda r: r.at)
 
 
+def _request(at: float, prompt: int, output: int, blocks: tuple[int, ...]) -> Request:
+    if not math.isfinite(at) or at < 0:
+        raise ValueError(f"arrival {at} is not a time from the start")
+    if prompt < 1 or output < 0:
+        raise ValueError(f"sizes {prompt}, {output}: a prompt has a token, an answer none or more")
+    return Request(at, prompt, output, blocks)
+
+
 def _mooncake(path: Path, lines: list[str]) -> Iterator[Request]:
     for n, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):
+                raise TypeError(f"a {type(row).__name__}, not an object")
             blocks = tuple(int(b) for b in row.get("hash_ids") or ())
-            yield Request(
-                row["timestamp"] / 1000.0,
+            yield _request(
+                float(row["timestamp"]) / 1000.0,
                 int(row["input_length"]),
                 int(row["output_length"]),
                 blocks,
             )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TraceError(f"{path}: line {n} is not a Mooncake request: {exc}") from None
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:
+            raise TraceError(f"{path}: request {n} is not a Mooncake request: {exc}") from None
 
 
 def _csv(path: Path, lines: list[str]) -> Iterator[Request]:
-    rows = csv.DictReader(lines)
-    names = set(rows.fieldnames or ())
+    try:
+        reader = csv.DictReader(lines)
+        names = set(reader.fieldnames or ())
+        rows = list(reader)
+    except csv.Error as exc:
+        raise TraceError(f"{path}: not CSV: {exc}") from None
     if {"arrived_at", "num_prefill_tokens", "num_decode_tokens"} <= names:
         keys = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     elif {"at_s", "prompt", "output"} <= names:
         keys = ("at_s", "prompt", "output")
     else:
         raise TraceError(f"{path}: columns {sorted(names)} are neither Splitwise's nor derived")
-    for n, row in enumerate(rows, 2):
+    for n, row in enumerate(rows, 1):
         try:
             blocks = tuple(int(b) for b in (row.get("blocks") or "").split())
-            yield Request(
+            yield _request(
                 float(row[keys[0]]), int(float(row[keys[1]])), int(float(row[keys[2]])), blocks
             )
-        except (ValueError, TypeError) as exc:
-            raise TraceError(f"{path}: line {n}: {exc}") from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise TraceError(f"{path}: request {n}: {exc}") from None
 
 
 def derived(path: Path) -> bool:
     """A file already one Mac's share (this project's derived format)."""
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", errors="replace") as f:
         first = next((line for line in f if line.strip() and not line.startswith("#")), "")
     return first.startswith("at_s,")
 
