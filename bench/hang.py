@@ -7,9 +7,9 @@ own; stopping that one thread (ptrace's PTRACE_SEIZE then PTRACE_INTERRUPT: the 
 not its process) makes the same server: no token ever, near 0 % CPU, every other thread
 answering. It lasts until the process ends.
 
-The arithmetic thread is found as the busiest thread other than the main one, after the
-server has prefilled something (a fresh server's has done the least); Python's generation
-thread waits on it most of the time and uses a tenth of its CPU.
+The arithmetic thread is found as the one that works hardest once the server computes
+(`working_thread`): Python's generation thread waits on it and uses a tenth of its CPU, and a
+fresh server's has done less than the threads that loaded the model.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from pathlib import Path
 
 _PTRACE_SEIZE = 0x4206
@@ -24,23 +25,45 @@ _PTRACE_INTERRUPT = 0x4207
 _WALL = 0x40000000  # waitpid's __WALL: a thread of another process is waited on as a tracee
 
 
-def busiest_thread(pid: int) -> int | None:
-    """The thread of `pid`, other than its main one, that has used the most CPU."""
-    best: tuple[int, int] | None = None
+def _ticks(pid: int) -> dict[int, int]:
+    """Each thread's CPU time so far (clock ticks), the main one left out."""
+    out = {}
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
     except OSError:
-        return None
+        return {}
     for tid in tids:
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        cpu = int(fields[11]) + int(fields[12])  # utime + stime
-        if best is None or cpu > best[0]:
-            best = (cpu, tid)
-    return best[1] if best else None
+        out[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+    return out
+
+
+def busiest_thread(pid: int) -> int | None:
+    """The thread of `pid`, other than its main one, that has used the most CPU so far."""
+    ticks = _ticks(pid)
+    return max(ticks, key=lambda t: ticks[t]) if ticks else None
+
+
+def working_thread(pid: int, timeout: float, *, ticks: int = 5, poll: float = 0.05) -> int | None:
+    """The thread that works hardest from now until one has used `ticks` of CPU (50 ms): the
+    arithmetic thread once the server computes. A fresh server's has done less than the
+    threads that loaded the model, so the total so far is no guide; None if nothing worked."""
+    before = _ticks(pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = _ticks(pid)
+        if not now:
+            return None
+        grown = {t: n - before.get(t, 0) for t, n in now.items()}
+        tid = max(grown, key=lambda t: grown[t])
+        if grown[tid] >= ticks:
+            return tid
+        time.sleep(poll)
+    return None
 
 
 class Hang:
@@ -73,11 +96,17 @@ class Hang:
                 self.error = f"ptrace: {os.strerror(ctypes.get_errno())}"
                 self._held.set()
                 return
-        self._held.set()
+        stopped = False
         while True:  # each stop is left stopped; only the thread's end lets go
             try:
                 _, status = os.waitpid(self.tid, _WALL)
             except ChildProcessError:
-                return
+                break
             if os.WIFEXITED(status) or os.WIFSIGNALED(status):
-                return
+                break
+            if os.WIFSTOPPED(status) and not stopped:
+                stopped = True
+                self._held.set()  # stopped now, not only asked to stop
+        if not stopped:
+            self.error = "the thread ended before it stopped"
+            self._held.set()

@@ -19,7 +19,8 @@ Clients: each request's deadline is drawn from the published ones (120, 300, 600
 the turns of a conversation are an agent's, which resends the same prompt up to twice when it
 gives up; half the clients stream. Faults at seeded moments on top (a SIGSTOP of 30 s, a
 GPU-style hang (bench/hang.py), a kill, and on the batched server a dead generation thread).
-All seeded: the same seed, the same day.
+All seeded: the same seed, the same day. Watchers' times are divided by k like the traffic's,
+mlx-watchdog's assumed restart cost (30 s until it has measured one) among them.
 
 Scores (Mac seconds and minutes): served, failed (deadline passed or error), resent, tokens,
 ttft_p50_s, ttft_p99_s, outage_min (minutes in which requests waited and none was served),
@@ -51,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from bench.hang import Hang, busiest_thread
+from bench.hang import Hang, working_thread
 from bench.harness import TINY, Box, free_port
 from bench.trace import (
     BLOCK,
@@ -285,12 +286,40 @@ def faults_for(span: float, serial: bool, seed: int) -> list[Fault]:
 
 
 def inject(f: Fault, box: Box, k: float) -> None:
-    f.began = time.time()
-    proc = box.proc
-    if proc is not None and proc.poll() is None:
-        _make(f.kind, box, proc, k)
-    args = (f, box, f.began + 1800 / k)
-    threading.Thread(target=await_cure, args=args, daemon=True).start()
+    threading.Thread(target=_fault, args=(f, box, k), daemon=True).start()
+
+
+def _fault(f: Fault, box: Box, k: float) -> None:
+    """Made now; a GPU-style hang once the server computes (a GPU hangs on work), up to five
+    Mac minutes later. Its time to cure runs from when it was made."""
+    if f.kind == "gpu":
+        if not _hang(box, time.time() + 300 / k):
+            print("gpu hang: the server did not compute within 300 s", file=sys.stderr)
+            return
+    else:
+        f.began = time.time()
+        proc = box.proc
+        if proc is not None and proc.poll() is None:
+            _make(f.kind, box, proc, k)
+    f.began = f.began or time.time()
+    await_cure(f, box, f.began + 1800 / k)
+
+
+def _hang(box: Box, until: float) -> bool:
+    while time.time() < until and not box.closed:
+        proc = box.proc
+        if proc is None or proc.poll() is not None:
+            time.sleep(0.1)
+            continue
+        tid = working_thread(proc.pid, until - time.time())
+        if tid is None:
+            continue
+        hang = Hang(tid)
+        if hang.start():
+            return True
+        print(f"gpu hang: {hang.error}", file=sys.stderr)
+        return False
+    return False
 
 
 def _make(kind: str, box: Box, proc: subprocess.Popen[bytes], k: float) -> None:
@@ -304,10 +333,6 @@ def _make(kind: str, box: Box, proc: subprocess.Popen[bytes], k: float) -> None:
                 os.killpg(proc.pid, signal.SIGCONT)
 
         threading.Timer(30.0 / k, resume).start()
-    elif kind == "gpu":  # the arithmetic thread held: no token ever, the process idle
-        tid = busiest_thread(proc.pid)
-        if tid is None or not Hang(tid).start():
-            print(f"gpu hang: could not hold a thread of PID {proc.pid}", file=sys.stderr)
     elif kind == "thread":  # mlx-lm 0.32's batched server: its generation thread dies
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": [["x"]]}
         with contextlib.suppress(httpx.HTTPError):
@@ -332,7 +357,7 @@ def replay(
     box = Box(server_command(model, port, serial=serial), port, work / f"{watcher}-{port}.log", env)
     box.start()
     traffic = Traffic()
-    w = make(watcher, box, scale.k, str(work / f"state-{port}"), traffic)
+    w = make(watcher, box, scale.k, str(work / f"state-{port}"), traffic, scale_assumed=True)
     w.start()
     try:
         clients, planned, t0 = _play(
