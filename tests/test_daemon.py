@@ -638,6 +638,35 @@ def test_a_daemon_is_built_for_nothing_and_opened_and_closed_in_reverse(tmp_path
     again.close()  # closed already: nothing to undo
 
 
+def test_an_open_that_fails_part_way_gives_back_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part after the history failing to open (here a server's history that cannot be
+    loaded) left the state folder locked and the history's writer thread running: the next
+    open in the same process said "already running". Now what was opened is closed."""
+    import threading
+
+    from mlx_watchdog.cycle.cycle import Cycle
+
+    state = tmp_path / "state"
+    config = parse_config({"watchdog": {"state_dir": str(state)}})
+    before = {t.name for t in threading.enumerate()}
+
+    def cannot_load(self: Cycle) -> None:
+        raise OSError(f"{self.server.name}: the disk went away")
+
+    with monkeypatch.context() as m:
+        m.setattr(Cycle, "load", cannot_load)
+        failed = Daemon(config)
+        with pytest.raises(OSError, match="the disk went away"):
+            failed.open()
+    left = {t.name for t in threading.enumerate() if t.is_alive()} - before
+    assert not left & {"history", "alerts"}, f"left running: {left}"
+    assert failed.cycles == {}
+    with Daemon(config) as again:  # the lock was given back
+        assert list(again.cycles) and again.store.problem is None
+
+
 def test_a_reload_applies_the_alert_channels_and_names_what_needs_a_restart(
     tmp_path: Path, hook: tuple[list[str], Path], caplog: pytest.LogCaptureFixture
 ) -> None:

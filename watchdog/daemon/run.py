@@ -7,6 +7,7 @@ nothing heavy ever runs inside a handler.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import logging
@@ -140,37 +141,45 @@ class Daemon:
         # settle the first one's restart as interrupted, probe beside it and restart twice.
         private_dir(self.state_dir)  # UnsafeState: refused, as ssh does
         self._lock = hold_lock(self.state_dir / LOCK_FILE)
-        try:
+        with contextlib.ExitStack() as undo:  # a part that fails undoes those before it
+            undo.callback(self._unlock)
             # Only now, holding the lock: what a killed predecessor left running is ours to end.
             self.system.record = self.state_dir / COMMANDS_FILE
             for left in self.system.settle_left():
                 log.warning("ended a command the previous watchdog left running: %s", left)
             self.left = left_probes(self.state_dir)
             self.store = Store(self.state_dir / HISTORY_FILE, wall=wall, behind=True)
-        except BaseException:
+            undo.callback(self.store.close)
+            self.alerter = Alerter(
+                config.watchdog.alerts, config.watchdog.on_event, notify=self._notify
+            )
+            undo.callback(self.alerter.close, timeout=5.0)
+            self.metrics = Metrics(self.status)
+            self.days = Days(self.store, lambda: self.interval, wall, mono)
+            ladder = Ladder(
+                system=self.system,
+                table=self.table,
+                wall=wall,
+                mono=mono,
+                stopping=self._stop.is_set,
+            )
+            sinks = Sinks(self.metrics, self.days)  # the page's day is kept as probes are recorded
+            self.crew = Crew(self.store, self.alerter, ladder, sinks, wall, mono)
+            self.crew.residents, self.crew.machine = self._residents, self._machine
+            cycles, interval = (lambda: self.cycles), (lambda: self.interval)
+            self.calendar = Calendar(
+                self.store, self.alerter, cycles, interval, self._maintain, wall
+            )
+            undo.callback(self.cycles.clear)
+            for server in config.servers:
+                self.cycles[server.name] = self._cycle(server)
+            undo.pop_all()
+        return self
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-            raise
-        self.alerter = Alerter(
-            config.watchdog.alerts, config.watchdog.on_event, notify=self._notify
-        )
-        self.metrics = Metrics(self.status)
-        self.days = Days(self.store, lambda: self.interval, wall, mono)
-        ladder = Ladder(
-            system=self.system,
-            table=self.table,
-            wall=wall,
-            mono=mono,
-            stopping=self._stop.is_set,
-        )
-        sinks = Sinks(self.metrics, self.days)  # the page's day is kept as probes are recorded
-        self.crew = Crew(self.store, self.alerter, ladder, sinks, wall, mono)
-        self.crew.residents, self.crew.machine = self._residents, self._machine
-        cycles, interval = (lambda: self.cycles), (lambda: self.interval)
-        self.calendar = Calendar(self.store, self.alerter, cycles, interval, self._maintain, wall)
-        for server in config.servers:
-            self.cycles[server.name] = self._cycle(server)
-        return self
 
     def close(self) -> None:
         """Undo `open()` in reverse: the alerts sent, the history written and closed, the state
@@ -179,8 +188,7 @@ class Daemon:
             return
         self.alerter.close(timeout=5.0)
         self.store.close()
-        os.close(self._lock)
-        self._lock = None
+        self._unlock()
 
     def __enter__(self) -> Daemon:
         return self.open()
