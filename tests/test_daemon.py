@@ -667,6 +667,41 @@ def test_an_open_that_fails_part_way_gives_back_what_it_took(
         assert list(again.cycles) and again.store.problem is None
 
 
+def test_a_reload_during_the_last_ones_apply_is_applied_at_the_next_tick(tmp_path: Path) -> None:
+    """A reload's settings are taken in one step under the asks' lock: the latest wins, and
+    one made while the earlier ones are applied waits for the next tick (the job read the
+    settings, then cleared them, and a reload between the two was lost)."""
+    raw = {
+        "watchdog": {"state_dir": str(tmp_path / "state")},
+        "server": [{"name": "s", "url": "http://127.0.0.1:9", "manager": "none"}],
+    }
+    with Daemon(parse_config(raw)) as daemon:
+        cycle = daemon.cycles["s"]
+        configs = [
+            parse_config({**raw, "server": [{**raw["server"][0], "probe": {"wedge_after": w}}]})
+            for w in ("7s", "8s", "9s")
+        ]
+        first, second, third = (c.servers[0] for c in configs)
+        cycle.reconfigure_later(first)
+        cycle.reconfigure_later(second)
+        seen = []
+        reconfigure = cycle.checker.reconfigure
+
+        def mid_apply(server: object) -> None:
+            seen.append(server)
+            if len(seen) == 1:
+                cycle.reconfigure_later(third)  # SIGHUP again, on the main thread
+            reconfigure(server)  # type: ignore[arg-type]
+
+        cycle.checker.reconfigure = mid_apply  # type: ignore[method-assign]
+        cycle.apply_new_config(daemon._manager)
+        assert cycle.server.probe.wedge_after == 8.0
+        cycle.apply_new_config(daemon._manager)
+        assert cycle.server.probe.wedge_after == 9.0 and seen == [second, third]
+        cycle.apply_new_config(daemon._manager)
+        assert seen == [second, third]
+
+
 def test_a_reload_applies_the_alert_channels_and_names_what_needs_a_restart(
     tmp_path: Path, hook: tuple[list[str], Path], caplog: pytest.LogCaptureFixture
 ) -> None:

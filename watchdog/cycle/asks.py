@@ -1,4 +1,5 @@
-"""A person's asks of one server (a restart, a drain, an undrain), queued from any thread.
+"""A person's asks of one server (a restart, a drain, an undrain) and a reload's settings,
+queued from any thread.
 
 The endpoint and the calendar ask on their own threads; the server's job carries the asks out
 at its next tick. Whether an ask is a second one for one cause is judged on the cycle's
@@ -10,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from mlx_watchdog.config import ServerConfig
 from mlx_watchdog.cycle.crew import Conflict
 from mlx_watchdog.cycle.shown import Shown
 from mlx_watchdog.judge import budget
@@ -26,6 +28,7 @@ class Asks:
         self.queued: deque[str] = deque()
         self._lock = threading.Lock()
         self._carrying: str | None = None
+        self._settings: ServerConfig | None = None
 
     def ask(self, action: str, shown: Shown, interval: float, now: float) -> None:
         """Queue `action`, or raise Conflict saying why not: a restart while one runs, is
@@ -67,3 +70,15 @@ class Asks:
     def done(self) -> None:
         with self._lock:
             self._carrying = None
+
+    def reconfigure(self, server: ServerConfig) -> None:
+        """A reload's settings, for the next tick; a later reload's replace them."""
+        with self._lock:
+            self._settings = server
+
+    def new_settings(self) -> ServerConfig | None:
+        """The latest reload's settings not yet applied, taken: a reload while they are
+        applied is kept for the next tick, never lost."""
+        with self._lock:
+            server, self._settings = self._settings, None
+            return server

@@ -94,9 +94,7 @@ class Cycle:
         self._turn_said = False  # "not restarting while another is out" said once a wait
         # Asked for through the endpoint; carried out at the next tick, in the server's own job.
         self.asks = Asks()
-        # A reload's settings, applied by the server's own job between two ticks; and whether a
-        # reload removed the server (its job ends).
-        self.new_config: ServerConfig | None = None
+        # Whether a reload removed the server (its job ends).
         self.retired = False
         self.left_stopped: str | None = None  # a predecessor's restart never finished
         # A retirement and a restart are one owner's: a reload (the main thread) that removes
@@ -130,7 +128,7 @@ class Cycle:
     def reconfigure_later(self, server: ServerConfig) -> None:
         """A reload's settings, applied by this server's own job at its next tick (which comes
         at its interval: a reload is no reason to probe sooner)."""
-        self.new_config = server
+        self.asks.reconfigure(server)
 
     def retire(self) -> None:
         """A reload removed the server: its job ends, and a server the watchdog ran stops: now,
@@ -145,10 +143,9 @@ class Cycle:
         """Apply a reload's settings, in this server's own job. The running process is left
         alone unless what runs it changed (a `process` server's command, environment or log);
         then it is restarted through the one restart path: recorded, alerted, budgeted."""
-        server, before = self.new_config, self.server
+        server, before = self.asks.new_settings(), self.server
         if server is None:
             return
-        self.new_config = None
         self.server = server
         if server.manager != before.manager:
             self.manager.stop()
