@@ -548,6 +548,7 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
 
     folder.mkdir(parents=True, exist_ok=True)
     made = []
+    trace = "" if results["trace"] == SHIPPED.name else Path(results["trace"]).stem + "-"
     for r in results["runs"]:
         days = r["per_minute"]
         fig, ax = plt.subplots(figsize=(8, 2.4))
@@ -566,7 +567,7 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
         ax.set_xlabel("minute of the trace")
         ax.legend(fontsize=7, loc="upper right")
         fig.tight_layout()
-        path = folder / f"replay-{r['server']}-{r['watcher']}.png"
+        path = folder / f"replay-{trace}{r['server']}-{r['watcher']}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
         made.append(path)
