@@ -48,10 +48,11 @@ def busiest_thread(pid: int) -> int | None:
     return max(ticks, key=lambda t: ticks[t]) if ticks else None
 
 
-def working_thread(pid: int, timeout: float, *, ticks: int = 5, poll: float = 0.05) -> int | None:
-    """The thread that works hardest from now until one has used `ticks` of CPU (50 ms): the
-    arithmetic thread once the server computes. A fresh server's has done less than the
-    threads that loaded the model, so the total so far is no guide; None if nothing worked."""
+def working_thread(pid: int, timeout: float, *, ticks: int = 20, poll: float = 0.05) -> int | None:
+    """The thread that works hardest from now until one has used `ticks` of CPU (200 ms,
+    more than the generation thread spends tokenizing a long prompt): the arithmetic thread
+    once the server computes. A fresh server's has done less than the threads that loaded the
+    model, so the total so far is no guide; None if nothing worked."""
     before = _ticks(pid)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

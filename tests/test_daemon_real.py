@@ -472,6 +472,45 @@ def test_kill_9_of_the_owned_server_is_served_again_at_once(
     assert incident.outcome == "restarted" and incident.state == "down"
 
 
+def test_a_gpu_style_hang_under_a_live_client_is_restarted_while_models_answers(
+    tmp_path: Path,
+    tiny_model: Path,
+    hf_cache: Path,
+    run_daemon: Callable[[object], DaemonThread],
+) -> None:
+    """A Mac's hung GPU, made on Linux: the thread that does MLX's arithmetic is held stopped
+    mid-prefill (bench/hang.py), so the generation thread waits forever at near 0 % CPU while
+    /v1/models answers 200 and the client stays connected. Where the work runs on the CPU,
+    an idle process under a waiting client is no work: restarted, not waited for as busy."""
+    from bench.hang import Hang, working_thread
+
+    config = parse_config(process_config(tmp_path, tiny_model, hf_cache, [], []))
+    t = run_daemon(Daemon(config).open())
+    until(lambda: state(t) == "healthy", 120, "the managed server to serve")
+    w, url = t.daemon.cycles["tiny"], config.servers[0].url
+    first = w.manager.pid()
+    assert first is not None
+    client = threading.Thread(target=send, args=(url, long_prompt(11)), kwargs={"timeout": 300})
+    client.start()
+    tid = working_thread(first, 60)
+    assert tid is not None, "the server never computed"
+    hang = Hang(tid)
+    assert hang.start(), hang.error
+    assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
+    until(
+        lambda: any(i.closed_at for i in t.daemon.store.incidents(0.0)),
+        120,
+        "the incident to be opened and closed",
+    )
+    (incident,) = t.daemon.store.incidents(0.0)
+    assert incident.state == "wedged" and incident.outcome == "restarted", incident.reason
+    assert "idle" in incident.reason, incident.reason
+    assert (incident.evidence["live_connections"] or 0) >= 1
+    assert w.manager.pid() not in (None, first)
+    assert hang.ended(30), "the hung process outlived its restart"
+    client.join(60)
+
+
 def test_a_drill_beside_the_daemon_sees_its_restart_and_asks_for_none(
     tmp_path: Path,
     tiny_model: Path,
