@@ -430,7 +430,7 @@ def score(
         1
         for t in restarts
         if (was_serving(t, attempts, steps, scale) or asleep(t, attempts, planned, k))
-        and not hung(t, planned, restarts)
+        and not broken(t, planned, restarts)
     )
     cures = {
         f.kind: round((f.cured - f.began) * k, 1) if f.cured and f.began else None for f in planned
@@ -500,11 +500,15 @@ def asleep(t: float, attempts: list[Attempt], planned: list[Fault], k: float) ->
     return False
 
 
-def hung(t: float, planned: list[Fault], restarts: list[float]) -> bool:
-    """A restart at `t` of a server whose arithmetic was held (a GPU-style hang): it would
-    never have answered again, whatever it was doing a moment before."""
+BROKEN = ("gpu", "kill", "thread")  # faults after which the server never serves again unaided
+
+
+def broken(t: float, planned: list[Fault], restarts: list[float]) -> bool:
+    """A restart at `t` of a server a fault had broken (hung, killed, its generation thread
+    dead) and no restart had mended since: it would never have answered again, whatever it
+    was doing a moment before."""
     return any(
-        f.kind == "gpu"
+        f.kind in BROKEN
         and f.began is not None
         and f.began <= t
         and not any(f.began <= r < t for r in restarts)
