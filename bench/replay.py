@@ -20,7 +20,8 @@ the turns of a conversation are an agent's, which resends the same prompt up to 
 gives up; half the clients stream. Faults at seeded moments on top (a SIGSTOP of 30 s, a
 GPU-style hang (bench/hang.py), a kill, and on the batched server a dead generation thread).
 All seeded: the same seed, the same day. Watchers' times are divided by k like the traffic's,
-mlx-watchdog's assumed restart cost (30 s until it has measured one) among them.
+mlx-watchdog's own wait times among them (the restart cost it assumes until it has measured
+one, 30 s, and a wait's margin, 5 s).
 
 Scores (Mac seconds and minutes): served, failed (deadline passed or error), resent, tokens,
 ttft_p50_s, ttft_p99_s, outage_min (minutes in which requests waited and none was served),
@@ -357,7 +358,7 @@ def replay(
     box = Box(server_command(model, port, serial=serial), port, work / f"{watcher}-{port}.log", env)
     box.start()
     traffic = Traffic()
-    w = make(watcher, box, scale.k, str(work / f"state-{port}"), traffic, scale_assumed=True)
+    w = make(watcher, box, scale.k, str(work / f"state-{port}"), traffic, scale_waits=True)
     w.start()
     try:
         clients, planned, t0 = _play(

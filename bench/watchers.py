@@ -199,10 +199,11 @@ class MlxWatchdog:
     name: str = "mlx-watchdog"
     match: str = "mlx_lm"
     least_cost: bool = True  # false: every wedge restarted (the "restart-always" row)
-    # The restart cost it assumes until it has measured one (judge/clearing.py's 30 s, a
-    # Mac's): a replay scales it like every other time; None leaves it as it ships.
-    assumed_restart_s: float | None = None
-    _shipped_restart_s: float | None = None
+    # Its wait's own times (judge/clearing.py: the restart cost it assumes until it has
+    # measured one, 30 s, and the margin past a wait's end, 5 s) divided by this, as a replay
+    # divides every other time; 1 leaves them as they ship.
+    scale_waits: float = 1.0
+    _shipped: tuple[float, float] | None = None
     detected_at: float | None = None
     own_abandoned: int = 0
     daemon: object = None
@@ -215,9 +216,10 @@ class MlxWatchdog:
 
         p, r = ProbeSettings(), RestartSettings()
         k = self.k
-        if self.assumed_restart_s is not None:
-            self._shipped_restart_s = clearing.DEFAULT_RESTART_S
-            clearing.DEFAULT_RESTART_S = self.assumed_restart_s
+        if self.scale_waits != 1.0:
+            self._shipped = (clearing.DEFAULT_RESTART_S, clearing.MARGIN_S)
+            clearing.DEFAULT_RESTART_S /= self.scale_waits
+            clearing.MARGIN_S /= self.scale_waits
         config = parse_config(
             {
                 "watchdog": {
@@ -275,8 +277,8 @@ class MlxWatchdog:
         self.daemon.stop()
         if self._thread is not None:
             self._thread.join(60)
-        if self._shipped_restart_s is not None:
-            clearing.DEFAULT_RESTART_S = self._shipped_restart_s
+        if self._shipped is not None:
+            clearing.DEFAULT_RESTART_S, clearing.MARGIN_S = self._shipped
         if self._failed is not None:
             raise RuntimeError(f"the watchdog under test failed: {self._failed!r}")
 
@@ -400,18 +402,17 @@ def make(
     state_dir: str,
     traffic: Traffic | None = None,
     *,
-    scale_assumed: bool = False,
+    scale_waits: bool = False,
 ) -> Watcher:
-    """`scale_assumed`: mlx-watchdog's assumed restart cost divided by k too (the replay)."""
+    """`scale_waits`: mlx-watchdog's own wait times divided by k too (the replay)."""
     if name in ("mlx-watchdog", "restart-always"):
-        assumed = clearing.DEFAULT_RESTART_S / k if scale_assumed else None
         return MlxWatchdog(
             box,
             k,
             state_dir,
             name=name,
             least_cost=name == "mlx-watchdog",
-            assumed_restart_s=assumed,
+            scale_waits=k if scale_waits else 1.0,
         )
     if name == "timeout-busy":
         return TimeoutBusy(box, k)
