@@ -169,7 +169,7 @@ def run_real(
     directly, or (`through`) through HAProxy, as the field sends them. With `timeout_server`
     (HAProxy's, a mistake when shorter than the prefill), the clients are patient and the
     balancer cuts them off."""
-    from mlx_watchdog.demo.run import long_prompt, send
+    from mlx_watchdog.demo.run import long_prompt
     from tests.conftest import ttft
 
     folder = work / setup.replace("/", "").replace(" ", "-")
@@ -202,6 +202,8 @@ def run_real(
     text = configured(text, setup)
     if timeout_server is not None:
         text = re.sub(r"timeout server \S+", f"timeout server {timeout_server}", text)
+    if through:  # each long prompt to its own server, whatever leastconn's tie would pick
+        text = _placed(text, list(ports))
     (folder / "haproxy.cfg").write_text(text)
     proxy = subprocess.Popen(
         [haproxy, "-db", "-f", str(folder / "haproxy.cfg")],
@@ -226,12 +228,13 @@ def run_real(
         until(lambda: len(stream.results) >= 10, 30, "the stream")
         to = f"http://127.0.0.1:{front}" if through else a
         sent_at, patient = time.time(), []
-        for seed in (11, 12)[:prompts]:  # the seed's wedge: clients that give up after 1 s
-            if timeout_server is None:
-                send(to, long_prompt(seed, words=words), timeout=1.0)
-                continue
+        for seed, name in zip((11, 12)[:prompts], ports, strict=False):
+            # The seed's wedge: clients that give up after 1 s.
             asked = long_prompt(seed, words=words)
-            patient.append(threading.Thread(target=send, args=(to, asked, 120.0)))
+            if timeout_server is None:
+                _send(to, asked, 1.0, name)
+                continue
+            patient.append(threading.Thread(target=_send, args=(to, asked, 120.0, name)))
             patient[-1].start()
         store = daemon.daemon.store
 
@@ -261,6 +264,31 @@ def run_real(
         "recover_s": recover,
         "opened_after_s": opened,
     }
+
+
+PLACE = "x-to"  # a request header naming the server HAProxy must send it to (tests only)
+
+
+def _placed(text: str, names: list[str]) -> str:
+    """The config with a `use-server` rule per server, before the first `server` line: a
+    request carrying PLACE goes to that server (queued there at its maxconn), as the field's
+    long prompts each reach one server; the rest are balanced as the docs say."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("server "))
+    rules = [f"    use-server {n} if {{ req.hdr({PLACE}) -m str {n} }}" for n in names]
+    return "\n".join(lines[:first] + rules + lines[first:]) + "\n"
+
+
+def _send(url: str, prompt: str, timeout: float, to: str) -> str:
+    """demo.run.send's request, placed on server `to` when it goes through HAProxy."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+    try:
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=timeout, headers={PLACE: to})
+    except httpx.TimeoutException:
+        return "gave up"
+    except httpx.HTTPError:
+        return "error"
+    return "served"
 
 
 def summary(setup: str, results: list[tuple[object, float]]) -> dict[str, object]:
