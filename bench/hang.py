@@ -42,12 +42,6 @@ def _ticks(pid: int) -> dict[int, int]:
     return out
 
 
-def busiest_thread(pid: int) -> int | None:
-    """The thread of `pid`, other than its main one, that has used the most CPU so far."""
-    ticks = _ticks(pid)
-    return max(ticks, key=lambda t: ticks[t]) if ticks else None
-
-
 def working_thread(pid: int, timeout: float, *, ticks: int = 20, poll: float = 0.05) -> int | None:
     """The thread that works hardest from now until one has used `ticks` of CPU (200 ms,
     more than the generation thread spends tokenizing a long prompt): the arithmetic thread

@@ -297,12 +297,12 @@ def _fault(f: Fault, box: Box, k: float) -> None:
         if not _hang(box, time.time() + 300 / k):
             print("gpu hang: the server did not compute within 300 s", file=sys.stderr)
             return
+        f.began = time.time()
     else:
         f.began = time.time()
         proc = box.proc
         if proc is not None and proc.poll() is None:
             _make(f.kind, box, proc, k)
-    f.began = f.began or time.time()
     await_cure(f, box, f.began + 1800 / k)
 
 

@@ -216,10 +216,6 @@ class MlxWatchdog:
 
         p, r = ProbeSettings(), RestartSettings()
         k = self.k
-        if self.scale_waits != 1.0:
-            self._shipped = (clearing.DEFAULT_RESTART_S, clearing.MARGIN_S)
-            clearing.DEFAULT_RESTART_S /= self.scale_waits
-            clearing.MARGIN_S /= self.scale_waits
         config = parse_config(
             {
                 "watchdog": {
@@ -261,6 +257,10 @@ class MlxWatchdog:
 
         watch.emit = emit  # type: ignore[method-assign]
         self.daemon = daemon
+        if self.scale_waits != 1.0:  # once the daemon is open: stop() puts them back
+            self._shipped = (clearing.DEFAULT_RESTART_S, clearing.MARGIN_S)
+            clearing.DEFAULT_RESTART_S /= self.scale_waits
+            clearing.MARGIN_S /= self.scale_waits
         self._thread = threading.Thread(target=self._run, args=(daemon,), daemon=True)
         self._thread.start()
 
